@@ -1,0 +1,41 @@
+# The book's two commands (see README): `make book` and `make test`. Both set up .venv on their own.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.requirements-installed
+BIN := $(CURDIR)/$(VENV)/bin
+# Notebook kernels resolve "python" through PATH: put the venv first so they run in it.
+export PATH := $(BIN):$(PATH)
+export MPLBACKEND := Agg
+export PYTHONHASHSEED := 0
+
+.PHONY: book test unit notebooks clean venv
+
+# The venv is (re)built when it is missing or older than the files that define it.
+$(STAMP): requirements.txt code/pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 1; }
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make book: build the website into _build/html, executing every notebook; any warning fails the build.
+book: $(STAMP)
+	rm -rf _build/html _build/.doctrees
+	$(BIN)/jupyter-book build . -W -n --keep-going
+
+## make test: unit tests, then nbval over every chapter.
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+notebooks: $(STAMP)
+	$(BIN)/python -m pytest chapters
+
+clean:
+	rm -rf _build .pytest_cache .hypothesis

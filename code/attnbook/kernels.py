@@ -1,0 +1,221 @@
+"""Nadaraya–Watson kernel regression, written as attention.
+
+Explained in chapter 2, "Kernel regression as non-parametric attention" (``chapters/02_kernel_regression``).
+Queries are the test inputs, keys the training inputs, values the training targets; the attention weights
+are the normalized kernel values (Nadaraya 1964; Watson 1964; Murphy, PML 15.4.2):
+
+    f(x) = sum_i  K((x - x_i) / h) / sum_j K((x - x_j) / h)  *  y_i
+
+We compute the weights as a softmax of the *log* kernel, ``masked_softmax(log K(u), K(u) > 0)``. That is
+exactly the normalized kernel, and it never underflows to 0/0 for a query far from every training point
+(the naive ``exp(-u**2 / 2) / sum(...)`` does, in fp32 once u > about 13).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .masking import masked_softmax
+
+__all__ = ["KERNELS", "kernel_scores", "nadaraya_watson", "leave_one_out_mse", "NadarayaWatson"]
+
+#: Kernels by name: (log-kernel of u >= 0, support radius in units of the bandwidth or ``inf``).
+#: Normalizing constants are dropped: they cancel in the weights.
+KERNELS = {
+    "gaussian": (lambda u: -0.5 * u**2, math.inf),
+    "laplacian": (lambda u: -u, math.inf),
+    "epanechnikov": (lambda u: torch.log1p(-torch.clamp(u, max=1.0) ** 2), 1.0),
+    "boxcar": (lambda u: torch.zeros_like(u), 1.0),
+}
+
+
+def _as_2d(x: Tensor, name: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+    if x.dim() == 1:
+        return x.unsqueeze(-1)
+    if x.dim() == 2:
+        return x
+    raise ValueError(f"{name} must have shape (n,) or (n, d), got {tuple(x.shape)}")
+
+
+def _check_bandwidth(bandwidth: float | Tensor) -> Tensor | float:
+    value = bandwidth.detach() if isinstance(bandwidth, Tensor) else torch.tensor(float(bandwidth))
+    if value.numel() != 1:
+        raise ValueError(f"bandwidth must be a scalar, got shape {tuple(value.shape)}")
+    if not torch.isfinite(value) or float(value) <= 0:
+        raise ValueError(f"bandwidth must be a positive finite number, got {float(value)}")
+    return bandwidth
+
+
+def kernel_scores(
+    x_query: Tensor, x_train: Tensor, bandwidth: float | Tensor, kernel: str = "gaussian"
+) -> tuple[Tensor, Tensor]:
+    """Log-kernel scores and their support mask between every query and every training input.
+
+    Args:
+        x_query: ``(n_queries,)`` or ``(n_queries, d)``, float.
+        x_train: ``(n_train,)`` or ``(n_train, d)``, float, same ``d`` as ``x_query``.
+        bandwidth: ``h > 0``, in the units of ``x``; a Python float or a scalar tensor (may require grad).
+        kernel: one of :data:`KERNELS` (``"gaussian"``, ``"laplacian"``, ``"epanechnikov"``, ``"boxcar"``).
+
+    Returns:
+        ``(scores, mask)``, both ``(n_queries, n_train)``: ``scores = log K(||x_q - x_i|| / h)`` (float) and a
+        bool ``mask``, True where ``K > 0`` (True = the key takes part, as in
+        ``torch.nn.functional.scaled_dot_product_attention``).
+
+    Raises:
+        TypeError: inputs are not float tensors.
+        ValueError: unknown ``kernel``; shapes that do not match (named in the message); ``bandwidth`` not a
+            positive finite scalar.
+
+    Chapter 2, section "Nadaraya–Watson regression is attention", eq. ``eq-nw-weights``.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}")
+    bandwidth = _check_bandwidth(bandwidth)
+    xq, xt = _as_2d(x_query, "x_query"), _as_2d(x_train, "x_train")
+    if xq.shape[1] != xt.shape[1]:
+        raise ValueError(
+            f"x_query {tuple(x_query.shape)} and x_train {tuple(x_train.shape)} have different feature sizes"
+        )
+    log_kernel, radius = KERNELS[kernel]
+    u = torch.cdist(xq, xt) / bandwidth
+    mask = u < radius if math.isfinite(radius) else torch.ones_like(u, dtype=torch.bool)
+    return log_kernel(u), mask
+
+
+def nadaraya_watson(
+    x_query: Tensor,
+    x_train: Tensor,
+    y_train: Tensor,
+    bandwidth: float | Tensor,
+    kernel: str = "gaussian",
+    return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Nadaraya–Watson kernel regression as attention: ``f(x_q) = sum_i alpha(x_q, x_i) y_i``.
+
+    Args:
+        x_query: queries, ``(n_queries,)`` or ``(n_queries, d)``, float.
+        x_train: keys, ``(n_train,)`` or ``(n_train, d)``, float.
+        y_train: values, ``(n_train,)`` or ``(n_train, d_v)``, float.
+        bandwidth: ``h > 0`` in the units of ``x``; a float or a scalar tensor (differentiable).
+        kernel: ``"gaussian"`` (default), ``"laplacian"``, ``"epanechnikov"`` or ``"boxcar"``.
+        return_weights: also return the attention weights.
+
+    Returns:
+        Predictions ``(n_queries,)`` if ``y_train`` is 1-D, else ``(n_queries, d_v)``; with
+        ``return_weights=True`` also the weights ``(n_queries, n_train)``, whose rows sum to 1.
+
+    Raises:
+        TypeError: inputs are not float tensors.
+        ValueError: mismatched shapes (named in the message), unknown kernel, bad bandwidth, or, for a
+            compactly supported kernel, a query with no training input within one bandwidth (its estimate
+            would be 0/0; the message names the query and suggests a larger bandwidth).
+
+    Equals ``statsmodels.nonparametric.kernel_regression.KernelReg(..., reg_type="lc")`` for the Gaussian
+    kernel (tested). Chapter 2, section "Nadaraya–Watson regression is attention", eq. ``eq-nw``.
+    """
+    if not isinstance(y_train, Tensor) or not y_train.is_floating_point():
+        raise TypeError(f"y_train must be a float torch.Tensor, got {getattr(y_train, 'dtype', type(y_train))}")
+    if y_train.dim() not in (1, 2) or y_train.shape[0] != x_train.shape[0]:
+        raise ValueError(
+            f"y_train must be (n_train,) or (n_train, d_v) with n_train={x_train.shape[0]} "
+            f"(from x_train {tuple(x_train.shape)}), got {tuple(y_train.shape)}"
+        )
+    scores, mask = kernel_scores(x_query, x_train, bandwidth, kernel)
+    empty = ~mask.any(dim=-1)
+    if bool(empty.any()):
+        i = int(empty.nonzero()[0, 0])
+        raise ValueError(
+            f"query {i} (x={x_query[i].tolist()}) has no training input within bandwidth {float(bandwidth):g} "
+            f"for the compact {kernel!r} kernel ({int(empty.sum())} such queries); use a larger bandwidth "
+            "or the gaussian kernel"
+        )
+    weights = masked_softmax(scores, mask, dim=-1)
+    y = y_train.unsqueeze(-1) if y_train.dim() == 1 else y_train
+    out = weights @ y.to(weights.dtype)
+    out = out.squeeze(-1) if y_train.dim() == 1 else out
+    return (out, weights) if return_weights else out
+
+
+def leave_one_out_mse(
+    x_train: Tensor, y_train: Tensor, bandwidth: float | Tensor, kernel: str = "gaussian"
+) -> Tensor:
+    """Leave-one-out cross-validation mean squared error of :func:`nadaraya_watson` at one bandwidth.
+
+    Each training point is predicted from all the others. In attention terms this is a *masked* attention in
+    which every query hides its own key: the mask is the training points' kernel support minus the diagonal.
+
+    Args:
+        x_train: ``(n_train,)`` or ``(n_train, d)``, float, ``n_train >= 2``.
+        y_train: ``(n_train,)``, float.
+        bandwidth: ``h > 0``; a float or a scalar tensor (differentiable, so the CV error can be minimized by
+            gradient descent).
+        kernel: as in :func:`nadaraya_watson`.
+
+    Returns:
+        Scalar tensor: ``mean_i (y_i - f_{-i}(x_i))**2``, in squared units of ``y``. Points with no other
+        training input in a compact kernel's support are left out of the mean; if that is every point, the
+        result is ``inf`` (the bandwidth is too small to predict anything).
+
+    Raises:
+        TypeError, ValueError: as :func:`kernel_scores`; also for ``y_train`` not of shape ``(n_train,)``, or
+        fewer than 2 training points.
+
+    Chapter 2, section "Choosing the bandwidth", eq. ``eq-loo``.
+    """
+    if y_train.dim() != 1 or y_train.shape[0] != x_train.shape[0]:
+        raise ValueError(f"y_train must be ({x_train.shape[0]},) to match x_train, got {tuple(y_train.shape)}")
+    if x_train.shape[0] < 2:
+        raise ValueError(f"leave-one-out needs at least 2 training points, got {x_train.shape[0]}")
+    scores, mask = kernel_scores(x_train, x_train, bandwidth, kernel)
+    eye = torch.eye(x_train.shape[0], dtype=torch.bool, device=x_train.device)
+    mask = mask & ~eye
+    weights = masked_softmax(scores, mask, dim=-1)
+    predicted = weights @ y_train
+    has_neighbour = mask.any(dim=-1)
+    if not bool(has_neighbour.any()):
+        return torch.tensor(math.inf, dtype=y_train.dtype)
+    return ((y_train - predicted)[has_neighbour] ** 2).mean()
+
+
+class NadarayaWatson(nn.Module):
+    """Nadaraya–Watson regression with a learnable bandwidth (the "parametric attention" step of chapter 2).
+
+    The bandwidth is stored as its logarithm, so gradient descent keeps it positive. Call as
+    ``model(x_query, x_train, y_train)``; after a forward pass ``model.attention_weights`` holds the weights
+    ``(n_queries, n_train)``.
+
+    Args:
+        bandwidth: the initial ``h > 0``, in the units of ``x``.
+        kernel: as in :func:`nadaraya_watson`.
+
+    Chapter 2, section "Learning the bandwidth".
+    """
+
+    def __init__(self, bandwidth: float = 1.0, kernel: str = "gaussian") -> None:
+        super().__init__()
+        _check_bandwidth(bandwidth)
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}")
+        self.kernel = kernel
+        self.log_bandwidth = nn.Parameter(torch.tensor(math.log(bandwidth)))
+        self.attention_weights: Tensor | None = None
+
+    @property
+    def bandwidth(self) -> Tensor:
+        """The current bandwidth ``h = exp(log_bandwidth)`` (scalar tensor)."""
+        return self.log_bandwidth.exp()
+
+    def forward(self, x_query: Tensor, x_train: Tensor, y_train: Tensor) -> Tensor:
+        out, weights = nadaraya_watson(
+            x_query, x_train, y_train, self.bandwidth, kernel=self.kernel, return_weights=True
+        )
+        self.attention_weights = weights.detach()
+        return out

@@ -1,0 +1,69 @@
+"""Where and how a result was produced: device, versions, commit, date and wall time.
+
+Every file under ``results/`` is written with :func:`provenance` beside it (or in it), so that a reader can
+tell a GPU run from a CPU run, and which commit of the code made the numbers.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import __version__
+from .runtime import describe_device, get_device, get_mode
+
+__all__ = ["git_commit", "provenance", "write_provenance"]
+
+
+def git_commit(path: str | Path = ".") -> str:
+    """The ``git rev-parse HEAD`` of the repository containing ``path``, with ``+dirty`` if it has local
+    changes to tracked files, or ``"unknown"`` outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def provenance(wall_time_s: float | None = None, device: torch.device | str | None = None,
+               mode: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A dict describing this run: ``mode``, ``device``, ``device_type``, ``torch``, ``numpy``, ``python``,
+    ``attnbook``, ``platform``, ``commit``, ``date_utc`` (ISO 8601) and ``wall_time_s`` (seconds, or None),
+    plus any ``extra`` keys."""
+    device = torch.device(device) if device is not None else get_device()
+    record = {
+        "mode": mode or get_mode(),
+        "device": describe_device(device),
+        "device_type": device.type,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "attnbook": __version__,
+        "platform": platform.platform(),
+        "commit": git_commit(Path(__file__).resolve().parent),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_time_s": None if wall_time_s is None else round(float(wall_time_s), 2),
+    }
+    record.update(extra)
+    return record
+
+
+def write_provenance(path: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` as pretty JSON to ``path`` (parents created); return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,147 @@
+"""Run mode, device, seeding, glue and wall time: what every chapter states about the run it shows.
+
+The book runs in one of two modes (see the README, section "Two modes"):
+
+- ``quick``: sized for a 2-core CPU, every chapter in about a minute.
+- ``full``: sized as the papers do, for a GPU.
+
+The mode comes from the environment variable ``ATTNBOOK_MODE`` (``quick`` or ``full``). When it is unset,
+the default is ``full`` if CUDA is available and ``quick`` otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import time
+from dataclasses import dataclass, field
+from numbers import Number
+from typing import Any
+
+import numpy as np
+import torch
+
+MODES = ("quick", "full")
+MODE_ENV = "ATTNBOOK_MODE"
+
+
+def get_mode() -> str:
+    """Return the run mode, ``"quick"`` or ``"full"``.
+
+    Reads ``ATTNBOOK_MODE``; when it is unset or empty, returns ``"full"`` if CUDA is available and
+    ``"quick"`` otherwise.
+
+    Raises:
+        ValueError: ``ATTNBOOK_MODE`` is set to something other than ``quick`` or ``full`` (the message
+            quotes the value).
+    """
+    value = os.environ.get(MODE_ENV, "").strip().lower()
+    if value == "":
+        return "full" if torch.cuda.is_available() else "quick"
+    if value not in MODES:
+        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {os.environ[MODE_ENV]!r}")
+    return value
+
+
+def get_device() -> torch.device:
+    """Return ``cuda`` when a GPU is available, else ``cpu``. Independent of the mode."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def describe_device(device: torch.device | str | None = None) -> str:
+    """A human-readable name for ``device``, e.g. ``"CPU (2 threads)"`` or ``"NVIDIA H100 80GB HBM3"``."""
+    device = torch.device(device) if device is not None else get_device()
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({torch.get_num_threads()} threads, {platform.machine()})"
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python's, NumPy's and torch's global generators, and return a fresh seeded ``torch.Generator``.
+
+    Also asks torch for deterministic algorithms (warning, not failing, where one has none), so that two
+    quick builds on the same CPU give identical numbers.
+
+    Raises:
+        ValueError: ``seed`` is negative.
+    """
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return torch.Generator().manual_seed(seed)
+
+
+def _plain(value: Any) -> Any:
+    """Turn NumPy and torch scalars into Python numbers, so glue shows ``0.48`` and not ``np.float64(0.48)``."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def glue(name: str, value: Any, display: bool = False) -> Any:
+    """Glue ``value`` under ``name`` for the book's prose (myst-nb ``glue``); return the value.
+
+    NumPy and torch scalars are converted to Python numbers first, so that ``{glue:text}`name:.3f``` formats
+    them. Outside a myst-nb build (e.g. on Colab without myst-nb installed) nothing is glued; with
+    ``display=True`` the value is still displayed.
+    """
+    value = _plain(value)
+    try:
+        from myst_nb import glue as _myst_glue
+    except ImportError:  # pragma: no cover - only without myst-nb
+        if display:
+            from IPython.display import display as _display
+
+            _display(value)
+        return value
+    _myst_glue(name, value, display=display)
+    return value
+
+
+@dataclass
+class RunInfo:
+    """The mode, device and start time of a chapter's run; :meth:`glue_end` glues them with the wall time.
+
+    Use one per chapter: ``run = RunInfo.start()`` in the first code cell, ``run.glue_end()`` in the last.
+    The glued names are ``{prefix}_mode``, ``{prefix}_device`` and ``{prefix}_wall_s`` (seconds, float).
+    """
+
+    mode: str
+    device: torch.device
+    started: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def start(cls) -> "RunInfo":
+        """Read the mode and the device now, and start the wall clock."""
+        return cls(mode=get_mode(), device=get_device())
+
+    @property
+    def device_name(self) -> str:
+        return describe_device(self.device)
+
+    def wall_time_s(self) -> float:
+        """Seconds since :meth:`start`."""
+        return time.perf_counter() - self.started
+
+    def glue_start(self, prefix: str = "run") -> None:
+        """Glue ``{prefix}_mode`` and ``{prefix}_device``."""
+        glue(f"{prefix}_mode", self.mode)
+        glue(f"{prefix}_device", self.device_name)
+
+    def glue_end(self, prefix: str = "run") -> float:
+        """Glue ``{prefix}_mode``, ``{prefix}_device`` and ``{prefix}_wall_s``; return the wall time in seconds."""
+        self.glue_start(prefix)
+        wall = self.wall_time_s()
+        glue(f"{prefix}_wall_s", wall)
+        return wall
+
+
+def is_number(value: Any) -> bool:
+    """True for Python, NumPy and one-element torch numbers (used by tests of glued values)."""
+    return isinstance(_plain(value), Number)

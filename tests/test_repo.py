@@ -1,0 +1,169 @@
+"""The book's conventions, checked on the files as committed (README, section "Contributing")."""
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+import attnbook
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+COLAB_CELL = (ROOT / "tools" / "colab_cell.py").read_text().strip()
+BIB_KEYS = set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(), flags=re.M))
+
+
+def _toc_files(node):
+    if isinstance(node, dict):
+        if "file" in node:
+            yield node["file"]
+        for value in node.values():
+            yield from _toc_files(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _toc_files(item)
+
+
+def _cells(path):
+    return json.loads(path.read_text())["cells"]
+
+
+def _source(cell):
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def test_there_are_chapters_and_all_are_in_the_toc():
+    assert NOTEBOOKS, "no chapter notebooks found"
+    in_toc = set(_toc_files(TOC))
+    for nb in NOTEBOOKS:
+        assert f"chapters/{nb.stem}" in in_toc, f"{nb.name} is not in _toc.yml"
+    for entry in in_toc:
+        assert any((ROOT / entry).with_suffix(s).exists() for s in (".ipynb", ".md")), f"{entry} in toc is missing"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_stored_without_outputs(nb):
+    for i, cell in enumerate(_cells(nb)):
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [], f"{nb.name} cell {i} has stored outputs"
+            assert cell.get("execution_count") is None, f"{nb.name} cell {i} has an execution count"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_cell_is_the_hidden_colab_cell(nb):
+    first = _cells(nb)[0]
+    assert first["cell_type"] == "code"
+    assert "remove-cell" in first.get("metadata", {}).get("tags", [])
+    assert _source(first).strip() == COLAB_CELL, f"{nb.name}: first cell differs from tools/colab_cell.py"
+
+
+def test_colab_cell_repo_url_agrees_with_config():
+    url = re.search(r'REPO_URL = "([^"]+)"', COLAB_CELL).group(1)
+    assert url == CONFIG["repository"]["url"]
+    assert CONFIG["repository"]["branch"] == "main"
+    assert f"git+{{REPO_URL}}@main#subdirectory=code" in COLAB_CELL
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_glues_mode_device_and_wall_time(nb):
+    cells = _cells(nb)
+    markdown = "\n".join(_source(c) for c in cells if c["cell_type"] == "markdown")
+    code = "\n".join(_source(c) for c in cells if c["cell_type"] == "code")
+    for name in ("run_mode", "run_device", "run_wall_s"):
+        assert f"`{name}" in markdown, f"{nb.name} does not show the glued {name}"
+    assert "RunInfo.start()" in code and "glue_end(" in _source(cells[-1])
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_has_four_exercises_with_dropdown_solutions(nb):
+    markdown = "\n".join(_source(c) for c in _cells(nb) if c["cell_type"] == "markdown")
+    exercises = re.findall(r"```\{exercise(?:-start)?\}", markdown)
+    solutions = re.findall(r"```\{solution(?:-start)?\}[^\n]*\n(?::label:[^\n]*\n)?:class: dropdown", markdown)
+    assert len(exercises) >= 4, f"{nb.name}: {len(exercises)} exercises"
+    assert len(solutions) >= len(exercises), f"{nb.name}: {len(solutions)} dropdown solutions"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_citations_exist_in_references_bib(nb):
+    markdown = "\n".join(_source(c) for c in _cells(nb) if c["cell_type"] == "markdown")
+    cited = {k.strip() for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", markdown) for k in group.split(",")}
+    assert cited, f"{nb.name} cites nothing"
+    assert cited <= BIB_KEYS, f"{nb.name} cites unknown keys {sorted(cited - BIB_KEYS)}"
+
+
+FIGURE_CALLS = re.compile(r"plt\.(subplots|figure|plot|imshow)\(|attention_heatmap\(")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_figures_have_caption_name_and_alt_text(nb):
+    for i, cell in enumerate(_cells(nb)):
+        if cell["cell_type"] != "code" or not FIGURE_CALLS.search(_source(cell)):
+            continue
+        if "remove-cell" in cell.get("metadata", {}).get("tags", []):
+            continue
+        meta = cell.get("metadata", {}).get("mystnb", {})
+        figure, image = meta.get("figure", {}), meta.get("image", {})
+        assert figure.get("caption"), f"{nb.name} cell {i}: figure without caption"
+        assert figure.get("name", "").startswith("fig-"), f"{nb.name} cell {i}: figure without fig- name"
+        alt = image.get("alt", "")
+        assert len(alt.split()) >= 5 and "/" not in alt, f"{nb.name} cell {i}: alt text {alt!r} is not descriptive"
+
+
+# Decimal numbers with two or more decimals typed into prose (outside math, code and glue roles) are results
+# that should have been glued.
+_STRIP = [r"\$\$.*?\$\$", r"\$[^$\n]*\$", r"```.*?```", r"`[^`\n]*`", r"\(sec-[^)]*\)=", r"\]\([^)]*\)"]
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_hand_typed_results_in_prose(nb):
+    for i, cell in enumerate(_cells(nb)):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = _source(cell)
+        for pattern in _STRIP:
+            text = re.sub(pattern, " ", text, flags=re.S)
+        typed = re.findall(r"(?<![\w.])-?\d+\.\d{2,}\b", text)
+        assert not typed, f"{nb.name} markdown cell {i} has hand-typed numbers {typed}; glue them"
+
+
+def test_pyproject_uses_loose_ranges_and_requirements_pin_exactly():
+    project = tomllib.loads((ROOT / "code" / "pyproject.toml").read_text())["project"]
+    assert any(dep.replace(" ", "").startswith("torch>=") for dep in project["dependencies"])
+    assert not any("==" in dep for dep in project["dependencies"])
+    lines = [l.strip() for l in (ROOT / "requirements.txt").read_text().splitlines()]
+    reqs = [l for l in lines if l and not l.startswith("#")]
+    assert reqs[-1] == "-e code"
+    assert all("==" in l for l in reqs[:-1]), [l for l in reqs[:-1] if "==" not in l]
+    names = {l.split("==")[0].lower() for l in reqs[:-1]}
+    for needed in ("jupyter-book", "torch", "numpy", "scipy", "matplotlib", "pandas", "tqdm", "statsmodels",
+                   "nbval", "pytest", "hypothesis", "sphinx-exercise", "sphinxcontrib-bibtex"):
+        assert needed in names, f"requirements.txt does not pin {needed}"
+    assert "jupyter-book==1.0.4.post1" in reqs and "torch==2.13.0" in reqs
+
+
+def test_book_config_builds_strictly():
+    sphinx = CONFIG["sphinx"]["config"]
+    assert CONFIG["execute"]["execute_notebooks"] == "force"
+    assert sphinx["nb_execution_raise_on_error"] is True
+    assert sphinx["numfig"] is True and sphinx["math_numfig"] is True
+    assert "sphinx_exercise" in CONFIG["sphinx"]["extra_extensions"]
+    assert CONFIG["launch_buttons"]["colab_url"] and CONFIG["launch_buttons"]["thebe"] is False
+    makefile = (ROOT / "Makefile").read_text()
+    assert "jupyter-book build . -W -n --keep-going" in makefile
+
+
+def test_citation_matches_package_and_intro():
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["type"] == "software"
+    assert cff["preferred-citation"]["type"] == "book"
+    assert cff["version"] == cff["preferred-citation"]["version"] == attnbook.__version__
+    intro = (ROOT / "intro.md").read_text()
+    bibtex = re.search(r"```bibtex\n(.*?)```", intro, flags=re.S).group(1)
+    assert f"version = {{{attnbook.__version__}}}" in bibtex
+    assert cff["preferred-citation"]["title"] in bibtex
+    assert cff["repository-code"] in bibtex and cff["repository-code"] == CONFIG["repository"]["url"]

@@ -1,0 +1,101 @@
+"""attnbook.runtime, attnbook.provenance and attnbook.plotting."""
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from attnbook import plotting, provenance, runtime  # noqa: E402
+
+
+def test_mode_default_follows_cuda(monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_MODE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runtime.get_mode() == "quick"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runtime.get_mode() == "full"
+
+
+@pytest.mark.parametrize("value,expected", [("quick", "quick"), ("FULL", "full"), (" full ", "full"), ("", "quick")])
+def test_mode_from_environment(monkeypatch, value, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("ATTNBOOK_MODE", value)
+    assert runtime.get_mode() == expected
+
+
+def test_bad_mode_names_the_value(monkeypatch):
+    monkeypatch.setenv("ATTNBOOK_MODE", "fast")
+    with pytest.raises(ValueError, match=r"ATTNBOOK_MODE must be one of \('quick', 'full'\), got 'fast'"):
+        runtime.get_mode()
+
+
+def test_seed_everything_reproduces_draws():
+    runtime.seed_everything(7)
+    a = (torch.rand(3), np.random.rand(3))
+    g = runtime.seed_everything(7)
+    b = (torch.rand(3), np.random.rand(3))
+    assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert torch.equal(torch.rand(2, generator=g), torch.rand(2, generator=torch.Generator().manual_seed(7)))
+    with pytest.raises(ValueError, match="seed must be non-negative, got -1"):
+        runtime.seed_everything(-1)
+
+
+def test_glue_makes_numpy_and_torch_scalars_plain(monkeypatch):
+    seen = {}
+    import myst_nb
+
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: seen.__setitem__(name, value))
+    assert runtime.glue("a", np.float64(0.25)) == 0.25
+    runtime.glue("b", torch.tensor(3))
+    assert type(seen["a"]) is float and type(seen["b"]) is int
+
+
+def test_run_info_glues_mode_device_and_wall_time(monkeypatch):
+    seen = {}
+    import myst_nb
+
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: seen.__setitem__(name, value))
+    monkeypatch.setenv("ATTNBOOK_MODE", "quick")
+    run = runtime.RunInfo.start()
+    wall = run.glue_end()
+    assert seen["run_mode"] == "quick" and seen["run_device"].startswith("CPU")
+    assert seen["run_wall_s"] == wall >= 0
+
+
+def test_provenance_records_where_it_ran(tmp_path):
+    record = provenance.provenance(wall_time_s=1.234, seeds=5)
+    for key in ("device", "torch", "commit", "date_utc", "wall_time_s", "mode", "python"):
+        assert key in record
+    assert record["wall_time_s"] == 1.23 and record["seeds"] == 5 and record["torch"] == torch.__version__
+    path = provenance.write_provenance(tmp_path / "sub" / "p.json", record)
+    assert json.loads(path.read_text()) == record
+
+
+def test_git_commit_outside_a_repository(tmp_path):
+    assert provenance.git_commit(tmp_path) == "unknown"
+
+
+def test_attention_heatmap_labels_axes_with_tokens():
+    ax = plotting.attention_heatmap(torch.tensor([[0.5, 0.5, 0.0]]), ["a", "b", "<pad>"], ["q"])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "<pad>"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["q"]
+    plt.close("all")
+
+
+def test_attention_heatmap_errors():
+    with pytest.raises(ValueError, match=r"weights must be 2-D \(n_queries, n_keys\), got shape \(3,\)"):
+        plotting.attention_heatmap(np.zeros(3))
+    with pytest.raises(ValueError, match=r"2 x_labels for 3 keys \(weights shape \(1, 3\)\)"):
+        plotting.attention_heatmap(np.zeros((1, 3)), ["a", "b"])
+    with pytest.raises(ValueError, match=r"2 y_labels for 1 queries"):
+        plotting.attention_heatmap(np.zeros((1, 3)), None, ["a", "b"])
+
+
+def test_book_style_applies():
+    plotting.use_book_style()
+    assert matplotlib.rcParams["axes.spines.top"] is False
