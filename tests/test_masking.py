@@ -176,6 +176,17 @@ def test_additive_mask_approximates_and_fails_as_documented():
     assert BERT_MASK_VALUE == -10_000.0
 
 
+def test_additive_mask_fully_masked_row_is_softmax_of_raw_scores():
+    # The constant cancels (up to fp32 rounding of s - 10 000, spacing about 1e-3): the weights follow the raw
+    # scores, not uniform, not zeros.
+    raw = torch.tensor([[0.3, -0.2, 0.5, 0.1]])
+    none = torch.zeros(1, 4, dtype=torch.bool)
+    assert torch.allclose(additive_mask_softmax(raw, none), torch.softmax(raw, dim=-1), atol=1e-3)
+    # In fp16 the constant swamps differences below the fp16 spacing near 10 000 (8), giving uniform weights.
+    uniform = additive_mask_softmax(raw.half(), none).float()
+    assert torch.allclose(uniform, torch.full((1, 4), 0.25), atol=1e-3)
+
+
 # ---------------------------------------------------------------- errors
 @pytest.mark.parametrize("fn", [masked_softmax, renormalized_softmax, additive_mask_softmax])
 def test_non_bool_mask_raises(fn):

@@ -179,7 +179,9 @@ def additive_mask_softmax(
         "Numerical pitfalls"): a masked key gets weight ``exp(s_masked + mask_value - max_valid)``, which
         underflows to 0 while real scores lie within a few thousand of the pads', and the approximation fails
         outright when real scores are themselves below about ``mask_value`` (the pads then win). A row with
-        every key masked gets uniform weights ``1 / n_keys`` (BERT's behaviour), not zeros.
+        every key masked gets ``softmax(scores)`` of that row (the constant cancels, up to rounding), not zeros:
+        uniform weights ``1 / n_keys`` only when its scores are equal, or when ``mask_value`` swamps their
+        differences in fp16 or bf16 (BERT's behaviour).
 
     Raises:
         TypeError: ``scores`` is not floating point, or ``mask`` is not bool.

@@ -1,0 +1,105 @@
+"""Sphinx extension for the book's website (loaded through ``_config.yml``, ``sphinx.local_extensions``).
+
+It fixes three defects of the default Jupyter Book 1 site, rather than allowlisting them in the browser tests:
+
+1. **Duplicate sphinx-thebe configuration script.** sphinx-thebe registers an inline script with
+   ``app.add_js_file(None, body=...)`` after the HTML builder has started; Sphinx adds it to the builder with
+   filename ``None`` and, when it prepares writing, once more from its registry with filename ``""``, so every page
+   declared ``THEBE_JS_URL`` twice ("Identifier 'THEBE_JS_URL' has already been declared"). We drop such
+   duplicates from each page's script list.
+2. **Images without alt text.** docutils writes an image's file path as its ``alt`` when none is given (plain
+   ``plt.show()`` outputs). Every content image must describe itself: a notebook figure sets
+   ``mystnb.image.alt`` in its cell metadata. An image without alt text is a build warning, which ``-W`` turns
+   into an error, and the warning says which page and how to fix it.
+3. **MathJax from a CDN.** The site must work offline, so MathJax 3 is served from the book's own ``_static``
+   folder, copied at build time from an installed package (``django-static-mathjax``, which ships the MathJax 3
+   distribution as plain files and has no dependencies).
+
+It also sets Sphinx's ``version``/``release`` from ``attnbook.__version__``, the book's one version number.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+MATHJAX_STATIC = "mathjax"
+MATHJAX_ENTRY = "tex-mml-chtml.js"
+# The parts of the MathJax es5 tree that tex-mml-chtml.js loads on demand (fonts, extensions, menu).
+MATHJAX_PARTS = [MATHJAX_ENTRY, "input", "output", "ui", "a11y", "adaptors", "core.js", "startup.js"]
+
+
+def mathjax_source() -> Path:
+    """The ``es5`` folder of the MathJax 3 distribution installed by ``django-static-mathjax``."""
+    spec = importlib.util.find_spec("mathjax")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("MathJax files not found: install django-static-mathjax (see requirements.txt)")
+    es5 = Path(list(spec.submodule_search_locations)[0]) / "static" / "mathjax" / "es5"
+    if not (es5 / MATHJAX_ENTRY).exists():
+        raise RuntimeError(f"{es5 / MATHJAX_ENTRY} is missing; reinstall django-static-mathjax")
+    return es5
+
+
+def _config_inited(app: Sphinx, config) -> None:
+    import attnbook
+
+    config.version = config.release = attnbook.__version__
+    config.mathjax_path = f"{MATHJAX_STATIC}/{MATHJAX_ENTRY}"
+
+
+def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    source = mathjax_source()
+    target = Path(app.outdir) / "_static" / MATHJAX_STATIC
+    for part in MATHJAX_PARTS:
+        src = source / part
+        if src.is_dir():
+            shutil.copytree(src, target / part, dirs_exist_ok=True)
+        elif src.exists():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target / part)
+
+
+def _dedupe_scripts(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen, unique = set(), []
+    for script in scripts:
+        # The same inline script is registered once with filename None and once with "" (see module docstring).
+        attributes = getattr(script, "attributes", {})
+        key = (getattr(script, "filename", script) or "", tuple(sorted((k, str(v)) for k, v in attributes.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        unique.append(script)
+    context["script_files"] = unique
+
+
+def _require_alt_text(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    for image in doctree.findall(nodes.image):
+        alt = (image.get("alt") or "").strip()
+        uri = image.get("uri", "")
+        if not alt or alt == uri or "/" in alt or alt.endswith((".png", ".svg", ".jpg")):
+            logger.warning(
+                f"image {uri!r} has no alt text; give the notebook cell metadata mystnb.image.alt "
+                "(or the figure directive :alt:) a sentence that describes the picture",
+                location=image,
+            )
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("config-inited", _config_inited)
+    # Early: a later html-page-context handler returns a template name, which stops the event (emit_firstresult).
+    app.connect("html-page-context", _dedupe_scripts, priority=100)
+    app.connect("doctree-resolved", _require_alt_text)
+    app.connect("build-finished", _copy_mathjax)
+    return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}
