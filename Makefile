@@ -6,10 +6,9 @@ STAMP := $(VENV)/.requirements-installed
 BIN := $(CURDIR)/$(VENV)/bin
 # Notebook kernels resolve "python" through PATH: put the venv first so they run in it.
 export PATH := $(BIN):$(PATH)
-export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit notebooks clean venv
+.PHONY: book test unit notebooks clean venv site-test pdf chromium
 
 # The venv is (re)built when it is missing or older than the files that define it.
 $(STAMP): requirements.txt code/pyproject.toml
@@ -36,6 +35,24 @@ unit: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest chapters
+
+## make site-test: after `make book`, open every page in headless Chromium (JS errors, alt text, Colab links,
+## math, offline), check internal links, and run one chapter the way a Colab reader would.
+site-test: $(STAMP) chromium
+	$(BIN)/python -m pytest tests_site -p no:nbval -o addopts="" -ra
+
+## make pdf: the whole book as one PDF (_build/pdf/attnbook.pdf), printed by headless Chromium.
+pdf: $(STAMP) chromium
+	rm -rf _build/singlehtml
+	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going
+	$(BIN)/python tools/print_pdf.py _build/singlehtml _build/pdf/attnbook.pdf
+
+# Debian's chromium (Playwright's own browser download is not possible offline); installs it if missing.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis

@@ -3,9 +3,18 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from statsmodels.nonparametric.kernel_regression import KernelReg
 
-from attnbook.kernels import KERNELS, NadarayaWatson, kernel_scores, leave_one_out_mse, nadaraya_watson
+from attnbook.kernels import (
+    KERNELS,
+    NadarayaWatson,
+    bandwidth_sweep,
+    kernel_scores,
+    leave_one_out_mse,
+    nadaraya_watson,
+)
 
 
 def _data(n=40, seed=0):
@@ -15,11 +24,20 @@ def _data(n=40, seed=0):
     return x, y
 
 
+def _statsmodels(y, x, bw):
+    """statsmodels' local-constant KernelReg. Its random generator serves only the "efficient" bandwidth search,
+    which we never ask for; rng=0 just silences statsmodels 0.15's FutureWarning about its default."""
+    try:
+        return KernelReg(y, x, var_type="c", reg_type="lc", bw=bw, rng=0)
+    except TypeError:  # statsmodels < 0.15 has no rng argument
+        return KernelReg(y, x, var_type="c", reg_type="lc", bw=bw)
+
+
 @pytest.mark.parametrize("bandwidth", [0.1, 0.4, 2.0])
 def test_gaussian_matches_statsmodels_local_constant(bandwidth):
     x, y = _data()
     xq = np.linspace(-1, 6, 25)
-    ref, _ = KernelReg(y, x, var_type="c", reg_type="lc", bw=[bandwidth]).fit(xq)
+    ref, _ = _statsmodels(y, x, [bandwidth]).fit(xq)
     ours = nadaraya_watson(torch.tensor(xq), torch.tensor(x), torch.tensor(y), bandwidth)
     np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-10, atol=1e-10)
 
@@ -92,6 +110,63 @@ def test_leave_one_out_matches_explicit_loop():
 def test_leave_one_out_infinite_when_no_neighbour_in_support():
     x = torch.tensor([0.0, 10.0, 20.0])
     assert leave_one_out_mse(x, torch.ones(3), 0.5, "boxcar") == float("inf")
+
+
+def test_bandwidth_sweep_matches_statsmodels_cv_loo_and_fit():
+    x, y = _data(30, seed=4)
+    xq = np.linspace(0.0, 5.0, 17)
+    truth = 2 * np.sin(xq) + xq**0.8
+    grid = [0.05, 0.2, 0.5, 1.5]
+    sweep = bandwidth_sweep(torch.tensor(x), torch.tensor(y), grid, x_test=torch.tensor(xq), y_test=torch.tensor(truth))
+    assert list(sweep.columns) == ["bandwidth", "loo_mse", "test_mse"]
+    assert sweep["bandwidth"].tolist() == grid
+    for h, loo, test in sweep.itertuples(index=False):
+        kr = _statsmodels(y, x, [h])
+        assert np.isclose(loo, kr.cv_loo(np.array([h]), kr._est_loc_constant), rtol=1e-10)
+        assert np.isclose(test, np.mean((kr.fit(xq)[0] - truth) ** 2), rtol=1e-10)
+
+
+def test_bandwidth_sweep_minimum_is_near_statsmodels_cv_ls():
+    x, y = _data(40, seed=5)
+    grid = torch.logspace(-1.5, 0.5, 81, dtype=torch.float64)
+    sweep = bandwidth_sweep(torch.tensor(x), torch.tensor(y), grid)
+    assert list(sweep.columns) == ["bandwidth", "loo_mse"]
+    best = sweep.loc[sweep["loo_mse"].idxmin(), "bandwidth"]
+    reference = _statsmodels(y, x, "cv_ls").bw[0]
+    step = 10 ** (2 / 80)  # ratio between neighbouring grid points
+    assert reference / step**1.5 <= best <= reference * step**1.5
+
+
+def test_bandwidth_sweep_infinite_where_compact_kernel_has_empty_windows():
+    x = torch.tensor([0.0, 1.0, 2.0, 10.0])
+    sweep = bandwidth_sweep(x, x.clone(), [0.5, 1.5], "boxcar", x_test=torch.tensor([5.0]), y_test=torch.tensor([5.0]))
+    assert sweep["loo_mse"].tolist()[0] == float("inf")
+    assert np.isfinite(sweep["loo_mse"].tolist()[1])
+    assert sweep["test_mse"].tolist() == [float("inf"), float("inf")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), kernel=st.sampled_from(sorted(KERNELS)))
+def test_bandwidth_sweep_does_not_depend_on_the_order_of_the_training_points(seed, kernel):
+    x, y = (torch.tensor(a) for a in _data(15, seed=seed % 1000))
+    perm = torch.randperm(15, generator=torch.Generator().manual_seed(seed))
+    grid = [0.3, 1.0, 3.0]
+    xq = torch.linspace(0.5, 4.5, 5, dtype=torch.float64)
+    a = bandwidth_sweep(x, y, grid, kernel, x_test=xq, y_test=xq)
+    b = bandwidth_sweep(x[perm], y[perm], grid, kernel, x_test=xq, y_test=xq)
+    np.testing.assert_allclose(a.to_numpy(), b.to_numpy(), rtol=1e-12)
+
+
+def test_bandwidth_sweep_errors():
+    x, y = torch.linspace(0, 1, 5), torch.zeros(5)
+    with pytest.raises(ValueError, match="at least one bandwidth"):
+        bandwidth_sweep(x, y, [])
+    with pytest.raises(ValueError, match="give both x_test and y_test, or neither"):
+        bandwidth_sweep(x, y, [1.0], x_test=x)
+    with pytest.raises(ValueError, match=r"y_test must be \(5,\) to match x_test \(5,\), got \(4,\)"):
+        bandwidth_sweep(x, y, [1.0], x_test=x, y_test=torch.zeros(4))
+    with pytest.raises(ValueError, match="bandwidth must be a positive finite number"):
+        bandwidth_sweep(x, y, [1.0, -1.0])
 
 
 def test_module_learns_and_keeps_positive_bandwidth():

@@ -8,19 +8,29 @@ are the normalized kernel values (Nadaraya 1964; Watson 1964; Murphy, PML 15.4.2
 
 We compute the weights as a softmax of the *log* kernel, ``masked_softmax(log K(u), K(u) > 0)``. That is
 exactly the normalized kernel, and it never underflows to 0/0 for a query far from every training point
-(the naive ``exp(-u**2 / 2) / sum(...)`` does, in fp32 once u > about 13).
+(the naive ``exp(-u**2 / 2) / sum(...)`` does, in fp32 once every u exceeds about 14.4, where
+exp(-u**2 / 2) is 0 even as a subnormal).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import pandas as pd
 import torch
 from torch import Tensor, nn
 
 from .masking import masked_softmax
 
-__all__ = ["KERNELS", "kernel_scores", "nadaraya_watson", "leave_one_out_mse", "NadarayaWatson"]
+__all__ = [
+    "KERNELS",
+    "kernel_scores",
+    "nadaraya_watson",
+    "leave_one_out_mse",
+    "bandwidth_sweep",
+    "NadarayaWatson",
+]
 
 #: Kernels by name: (log-kernel of u >= 0, support radius in units of the bandwidth or ``inf``).
 #: Normalizing constants are dropped: they cancel in the weights.
@@ -183,6 +193,66 @@ def leave_one_out_mse(
     if not bool(has_neighbour.any()):
         return torch.tensor(math.inf, dtype=y_train.dtype)
     return ((y_train - predicted)[has_neighbour] ** 2).mean()
+
+
+def bandwidth_sweep(
+    x_train: Tensor,
+    y_train: Tensor,
+    bandwidths: Sequence[float] | Tensor,
+    kernel: str = "gaussian",
+    x_test: Tensor | None = None,
+    y_test: Tensor | None = None,
+) -> pd.DataFrame:
+    """Leave-one-out error (and optionally test error) of :func:`nadaraya_watson` at each of several bandwidths.
+
+    The cross-validated bandwidth is the row with the smallest ``loo_mse``:
+    ``sweep.loc[sweep["loo_mse"].idxmin(), "bandwidth"]``.
+
+    Args:
+        x_train: ``(n_train,)`` or ``(n_train, d)``, float, ``n_train >= 2``.
+        y_train: ``(n_train,)``, float.
+        bandwidths: the candidate ``h > 0`` (in the units of ``x``), a non-empty sequence or 1-D tensor; they
+            are evaluated in the order given.
+        kernel: as in :func:`nadaraya_watson`.
+        x_test, y_test: optional held-out inputs ``(n_test,)`` or ``(n_test, d)`` and targets ``(n_test,)``
+            (for synthetic data, the noise-free truth); give both or neither.
+
+    Returns:
+        A :class:`pandas.DataFrame` with one row per bandwidth and float columns ``bandwidth`` and ``loo_mse``
+        (:func:`leave_one_out_mse`, squared units of ``y``), plus ``test_mse`` ``= mean((f(x_test) - y_test)**2)``
+        when test data are given. ``loo_mse`` is ``inf`` where no training point has another within a compact
+        kernel's support; ``test_mse`` is ``inf`` where some test query has no training input within it.
+
+    Raises:
+        TypeError, ValueError: as :func:`leave_one_out_mse` and :func:`nadaraya_watson` (bad shapes, dtypes,
+            kernel or bandwidth); also for an empty ``bandwidths``, for only one of ``x_test``/``y_test``, or
+            for ``y_test`` not of shape ``(n_test,)``.
+
+    Computed without gradients. Chapter 2, section "Choosing the bandwidth", eq. ``eq-loo`` (leave-one-out
+    cross-validation: Hastie et al. 2009, section 7.10).
+    """
+    values = [float(h) for h in (bandwidths.flatten() if isinstance(bandwidths, Tensor) else bandwidths)]
+    if not values:
+        raise ValueError("bandwidths must contain at least one bandwidth")
+    if (x_test is None) != (y_test is None):
+        raise ValueError("give both x_test and y_test, or neither")
+    if y_test is not None and (y_test.dim() != 1 or y_test.shape[0] != x_test.shape[0]):
+        raise ValueError(
+            f"y_test must be ({x_test.shape[0]},) to match x_test {tuple(x_test.shape)}, got {tuple(y_test.shape)}"
+        )
+    rows = []
+    with torch.no_grad():
+        for h in values:
+            row = {"bandwidth": h, "loo_mse": float(leave_one_out_mse(x_train, y_train, h, kernel))}
+            if x_test is not None:
+                _, mask = kernel_scores(x_test, x_train, h, kernel)
+                if bool(mask.any(dim=-1).all()):
+                    predicted = nadaraya_watson(x_test, x_train, y_train, h, kernel)
+                    row["test_mse"] = float(((predicted - y_test.to(predicted.dtype)) ** 2).mean())
+                else:
+                    row["test_mse"] = math.inf
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 class NadarayaWatson(nn.Module):

@@ -1,0 +1,72 @@
+"""Print the single-page HTML edition of the book to PDF with headless Chromium (Playwright).
+
+Usage: ``python tools/print_pdf.py _build/singlehtml _build/pdf/attnbook.pdf`` (``make pdf`` does this). The page is
+served on 127.0.0.1, MathJax is allowed to finish typesetting, every exercise solution dropdown is opened, and the
+result is printed to A4 with the book's colours.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import sys
+import threading
+from pathlib import Path
+
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+PRINT_CSS = """
+@page { size: A4; margin: 16mm 14mm; }
+.bd-header, .bd-sidebar-primary, .bd-sidebar-secondary, .header-article, .prev-next-area,
+.bd-footer, .bd-footer-article, .bd-footer-content, .theme-switch-button, .search-button,
+#pst-back-to-top, .headerlink { display: none !important; }
+.bd-main .bd-content .bd-article-container { max-width: 100% !important; }
+.bd-page-width { max-width: 100% !important; }
+details, details > * { display: block !important; }
+figure, .cell_output img, mjx-container[display="true"] { break-inside: avoid; }
+h1 { break-before: page; }
+"""
+
+
+def main(source: str, target: str) -> int:
+    from playwright.sync_api import sync_playwright
+
+    html_dir, pdf_path = Path(source).resolve(), Path(target).resolve()
+    if not (html_dir / "index.html").exists():
+        raise SystemExit(f"{html_dir}/index.html not found: build the singlehtml edition first")
+    pdf_path.parent.mkdir(parents=True, exist_ok=True)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html_dir))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise SystemExit("Debian's chromium is required (apt-get install chromium)")
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html", wait_until="load")
+            page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=60_000)
+            page.evaluate("MathJax.startup.promise")
+            page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+            page.add_style_tag(content=PRINT_CSS)
+            page.emulate_media(media="print")
+            page.pdf(path=str(pdf_path), format="A4", print_background=True, outline=True, tagged=True,
+                     display_header_footer=True, header_template="<span></span>",
+                     footer_template='<div style="font-size:8px;width:100%;text-align:center">'
+                                     '<span class="pageNumber"></span> / <span class="totalPages"></span></div>',
+                     margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"})
+            browser.close()
+    finally:
+        server.shutdown()
+    print(f"wrote {pdf_path} ({pdf_path.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    raise SystemExit(main(sys.argv[1], sys.argv[2]))
