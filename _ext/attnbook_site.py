@@ -15,7 +15,8 @@ It fixes three defects of the default Jupyter Book 1 site, rather than allowlist
    folder, copied at build time from an installed package (``django-static-mathjax``, which ships the MathJax 3
    distribution as plain files and has no dependencies).
 
-It also sets Sphinx's ``version``/``release`` from ``attnbook.__version__``, the book's one version number.
+It also sets Sphinx's ``version``/``release`` from ``attnbook.__version__``, the book's one version number, and the
+theme's default colour mode (without one, pydata-sphinx-theme logs a console error on every page).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def _config_inited(app: Sphinx, config) -> None:
 
     config.version = config.release = attnbook.__version__
     config.mathjax_path = f"{MATHJAX_STATIC}/{MATHJAX_ENTRY}"
+    # pydata-sphinx-theme logs "Got invalid theme mode" to the console when no default mode is set.
+    # sphinx-book-theme does not accept it as a theme option; the template reads it from the context.
+    config.html_context.setdefault("default_mode", "auto")
 
 
 def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
@@ -81,7 +85,8 @@ def _dedupe_scripts(app: Sphinx, pagename: str, templatename: str, context: dict
             continue
         seen.add(key)
         unique.append(script)
-    context["script_files"] = unique
+    # In place: later handlers (sphinx.ext.mathjax) add their scripts to this same list.
+    scripts[:] = unique
 
 
 def _require_alt_text(app: Sphinx, doctree: nodes.document, docname: str) -> None:

@@ -99,3 +99,21 @@ def test_attention_heatmap_errors():
 def test_book_style_applies():
     plotting.use_book_style()
     assert matplotlib.rcParams["axes.spines.top"] is False
+
+
+def test_progress_bar_writes_to_stdout_without_ipywidgets(capsys, monkeypatch):
+    import importlib.util as iu
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+    assert sum(runtime.progress(range(5), desc="demo")) == 10
+    captured = capsys.readouterr()
+    assert "demo" in captured.out and "5/5" in captured.out and captured.err == ""
+
+
+def test_print_estimate(capsys):
+    runtime.print_estimate(40, "training")
+    runtime.print_estimate(600)
+    out = capsys.readouterr().out
+    assert "Estimated run time of training: about 40 s" in out
+    assert "Estimated run time of the next cell: about 10 min" in out

@@ -47,7 +47,7 @@ def test_a_chapter_runs_like_on_colab(tmp_path):
     _run(pip + [torch_pin, "ipykernel", "nbclient", "nbformat"])
     # The notebook's own install step, with the repository path instead of its URL.
     spec = _local_spec()
-    _run(pip + [f"attnbook @ {spec}"])
+    _run(pip + [spec])
     workdir = tmp_path / "empty"
     workdir.mkdir()
     shutil.copy(NOTEBOOK, workdir / NOTEBOOK.name)

@@ -56,13 +56,21 @@ def visited(browser, site_url):
                 "Array.from(document.querySelectorAll('.math')).filter(e => !e.querySelector('mjx-container'))"
                 ".map(e => e.textContent.slice(0, 60))"),
             "images": page.evaluate(
-                "Array.from(document.querySelectorAll('main img, article img'))"
+                "Array.from(document.querySelectorAll('article.bd-article img'))"
                 ".map(i => ({src: i.getAttribute('src'), alt: i.getAttribute('alt') || ''}))"),
             "colab": page.evaluate(
                 "Array.from(document.querySelectorAll('a[href*=\"colab.research.google.com\"]')).map(a => a.href)"),
         }
         page.close()
     return results
+
+
+def test_index_redirects_to_the_introduction(browser, site_url):
+    page = browser.new_page()
+    page.goto(f"{site_url}/index.html")
+    page.wait_for_url(f"{site_url}/intro.html", timeout=10_000)
+    assert "Attention, Masked and Unmasked" in page.title()
+    page.close()
 
 
 def test_the_site_was_built():

@@ -11,10 +11,13 @@ the default is ``full`` if CUDA is available and ``quick`` otherwise.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import random
+import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any
@@ -140,6 +143,34 @@ class RunInfo:
         wall = self.wall_time_s()
         glue(f"{prefix}_wall_s", wall)
         return wall
+
+
+def progress(iterable: Iterable | None = None, *, desc: str | None = None, total: int | None = None, **kwargs: Any):
+    """A ``tqdm.auto`` progress bar that also behaves in the book build.
+
+    In Jupyter or Colab with ipywidgets this is ``tqdm.auto.tqdm`` (a widget). Without ipywidgets, as in the
+    book's build, ``tqdm.auto`` would warn on stderr (which the strict build treats as a failure) and fall back to
+    a text bar; we go straight to the text bar, written to stdout and refreshed at most every 5 s, so the page
+    shows the loop's final count and time. Arguments are passed on to ``tqdm``.
+    """
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm.std import tqdm
+
+        kwargs.setdefault("file", sys.stdout)
+        kwargs.setdefault("mininterval", 5.0)
+        kwargs.setdefault("ascii", True)
+    return tqdm(iterable, desc=desc, total=total, **kwargs)
+
+
+def print_estimate(seconds: float, what: str = "the next cell") -> None:
+    """Print an estimate of a long cell's run time before it starts (the book's convention), e.g.
+    ``print_estimate(40, "training 3 models")`` prints ``Estimated run time of training 3 models: about 40 s``."""
+    if seconds >= 90:
+        print(f"Estimated run time of {what}: about {seconds / 60:.0f} min")
+    else:
+        print(f"Estimated run time of {what}: about {seconds:.0f} s")
 
 
 def is_number(value: Any) -> bool:

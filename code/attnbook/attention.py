@@ -1,0 +1,453 @@
+"""Parametric attention: scaled dot-product attention and the learned scoring modules.
+
+Explained in chapter 3, "Parametric attention: additive, scaled dot-product and cosine"
+(``chapters/03_parametric_attention``). Every attention here computes
+
+    output_i = sum_j  alpha_ij v_j,    alpha_i = masked_softmax(a(q_i, k_1..n), mask_i)
+
+and differs only in the score ``a(q, k)`` (Murphy, PML 15.4.3):
+
+- :func:`scaled_dot_product_attention` and :class:`DotProductAttention`: ``q . k / sqrt(d_k)`` (Vaswani et al.
+  2017, eq. 1); unscaled, and Luong et al.'s (2015) "general" ``q^T W k``, as options of the module;
+- :class:`AdditiveAttention`: ``w_v^T tanh(W_q q + W_k k)`` (Bahdanau et al. 2015, appendix A.1.2);
+- :class:`CosineAttention`: ``beta * cos(q, k)`` with a learned scale ``beta`` (Graves et al. 2014, eq. 5-6);
+- :class:`MultiHeadAttention`: ``h`` scaled dot-product heads on learned projections (Vaswani et al. 2017, 3.2.2).
+
+Mask convention, as everywhere in attnbook (see :mod:`attnbook.masking`): a **bool** tensor, **True = the key
+takes part**, broadcastable to ``(..., n_queries, n_keys)``; a key-padding mask is ``(batch, 1, n_keys)``, a causal
+mask ``(n_queries, n_keys)`` (:func:`causal_mask`). A query whose keys are all masked gets zero weights and a zero
+output, never NaN. ``torch.nn.MultiheadAttention``'s ``key_padding_mask`` and boolean ``attn_mask`` use the
+opposite polarity (True = ignored): pass ``~mask`` to it.
+
+Every module has the call signature ``(queries, keys, values, mask=None)``, keeps the weights of its last forward
+pass in ``.attention_weights`` (detached) and exposes ``scores(queries, keys)``, so that a model (e.g. a seq2seq
+decoder or an attention-pooling layer) can plug in any of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masking import masked_softmax
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "AdditiveAttention",
+    "DotProductAttention",
+    "CosineAttention",
+    "MultiHeadAttention",
+]
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, same_d: bool = True) -> torch.Size:
+    """Validate queries/keys/values; return the broadcast batch shape (everything before the last two dims)."""
+    for name, x in (("queries", q), ("keys", k), ("values", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+        if x.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., n, d) with at least 2 dims, got {tuple(x.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"queries, keys and values must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if same_d and q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"queries and keys must have the same size d_k in the last dim, got queries {tuple(q.shape)} "
+            f"and keys {tuple(k.shape)}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"keys and values must have the same number of keys (dim -2), got keys {tuple(k.shape)} "
+            f"and values {tuple(v.shape)}"
+        )
+    try:
+        return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the batch dims of queries {tuple(q.shape)}, keys {tuple(k.shape)} and values {tuple(v.shape)} "
+            "do not broadcast"
+        ) from None
+
+
+def _check_mask(mask: Tensor | None, target: tuple[int, ...]) -> None:
+    """Validate that ``mask`` is bool and broadcasts to ``target`` = ``(..., n_queries, n_keys)`` without growing it."""
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a bool torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must be a bool tensor (True = takes part), got dtype {mask.dtype}; "
+            "convert with mask.bool() only if 1 means 'takes part'"
+        )
+    try:
+        ok = torch.broadcast_shapes(mask.shape, target) == torch.Size(target)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (..., n_queries, n_keys) = {tuple(target)}"
+        )
+
+
+def _check_dropout(p: float) -> float:
+    if not 0.0 <= float(p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {p}")
+    return float(p)
+
+
+def causal_mask(n_queries: int, n_keys: int | None = None, device: torch.device | str | None = None) -> Tensor:
+    """Bool mask ``(n_queries, n_keys)``, True where key ``j <= i + (n_keys - n_queries)``: each query sees itself
+    and the past (True = takes part).
+
+    With ``n_keys = None`` (= ``n_queries``) this is the lower triangle of decoder self-attention (Vaswani et al.
+    2017, 3.2.3); with more keys than queries, the queries are the *last* ``n_queries`` positions. Combine it with a
+    key-padding mask ``(batch, 1, n_keys)`` by ``&``. Chapter 3, section "Multi-head attention, self-attention and
+    causal masks".
+
+    Raises:
+        ValueError: a size is negative, or ``n_keys < n_queries``.
+    """
+    n_keys = n_queries if n_keys is None else n_keys
+    if n_queries < 0 or n_keys < 0:
+        raise ValueError(f"sizes must be non-negative, got n_queries={n_queries}, n_keys={n_keys}")
+    if n_keys < n_queries:
+        raise ValueError(f"a causal mask needs n_keys >= n_queries, got n_queries={n_queries}, n_keys={n_keys}")
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
+
+
+# ----------------------------------------------------------------------------------------------- function
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``softmax(q k^T * scale, masked) v``, with zero output for a query whose keys are all masked.
+
+    Args:
+        q: queries ``(..., n_queries, d_k)``, any float dtype.
+        k: keys ``(..., n_keys, d_k)``, same dtype.
+        v: values ``(..., n_keys, d_v)``, same dtype. The batch dims ``...`` of ``q``, ``k``, ``v`` broadcast
+            (e.g. one learned query ``(1, 1, d_k)`` against keys ``(batch, n_keys, d_k)``).
+        mask: bool, broadcastable to ``(..., n_queries, n_keys)``; True = the key takes part (same convention as
+            ``torch.nn.functional.scaled_dot_product_attention``). ``None`` = every key takes part. Typical
+            shapes: ``(batch, 1, n_keys)`` (key padding), ``(n_queries, n_keys)`` (causal, :func:`causal_mask`).
+        scale: multiplies the scores; ``None`` = ``1 / sqrt(d_k)``. ``1.0`` gives plain dot-product attention.
+        dropout_p: probability of zeroing a weight (the rest are scaled by ``1 / (1 - dropout_p)``), applied
+            whenever it is > 0, as in torch's function; modules pass 0 in eval mode.
+        return_weights: False = the fast path, which delegates to the fused
+            ``torch.nn.functional.scaled_dot_product_attention``; True = the explicit path, which also returns
+            the weights (for plots and analysis).
+
+    Returns:
+        ``output`` of shape ``(..., n_queries, d_v)``, or ``(output, weights)`` with ``weights`` of shape
+        ``(..., n_queries, n_keys)``: the weights before dropout, which equal
+        ``attnbook.masking.masked_softmax(q @ k.mT * scale, mask)``. Weights sum to 1 over the keys, masked
+        weights are exactly 0, and a query with no valid key gets all-zero weights and a zero output (and zero
+        gradient), never NaN, in fp16, bf16, fp32 and fp64.
+
+    Raises:
+        TypeError: an input is not a floating tensor, the dtypes differ, or ``mask`` is not bool.
+        ValueError: ``q`` and ``k`` differ in ``d_k``, ``k`` and ``v`` in ``n_keys``, the batch dims do not
+            broadcast, ``mask`` does not broadcast to ``(..., n_queries, n_keys)`` (the messages give the shapes),
+            or ``dropout_p`` is outside ``[0, 1)``.
+
+    Vaswani et al. (2017), eq. 1. Chapter 3, sections "Dot-product and scaled dot-product attention" and "Why
+    divide by sqrt(d_k)". In fp32 and fp64 the explicit path folds the mask into the matrix product as an
+    additive bias of 0 and ``-inf`` (not ``finfo.min``, which overflows to ``-inf`` in fp16 and turns a fully
+    masked row into a uniform one); in fp16 and bf16 it calls :func:`attnbook.masking.masked_softmax` on the
+    scores. Rows with no valid key are computed unmasked and then zeroed, in both paths.
+    """
+    batch = _check_qkv(q, k, v)
+    n_q, d_k, n_k = q.shape[-2], q.shape[-1], k.shape[-2]
+    _check_mask(mask, (*batch, n_q, n_k))
+    dropout_p = _check_dropout(dropout_p)
+    scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    if not return_weights:
+        q, k, v = (x.expand(*batch, *x.shape[-2:]) for x in (q, k, v))
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+        # Fully masked rows attend to every key (finite), then are zeroed: no NaN in either pass, in any torch.
+        row_has_key = mask.any(-1, keepdim=True)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~row_has_key, dropout_p=dropout_p,
+                                             scale=scale)
+        return torch.where(row_has_key, out, zero)
+
+    # Explicit path: bmm over the flattened batch, masked softmax, bmm.
+    q3 = q.expand(*batch, n_q, d_k).reshape(-1, n_q, d_k)
+    k3 = k.expand(*batch, n_k, d_k).reshape(-1, n_k, d_k)
+    v3 = v.expand(*batch, n_k, v.shape[-1]).reshape(-1, n_k, v.shape[-1])
+    if mask is None:
+        weights = torch.softmax(torch.bmm(q3 * scale, k3.transpose(1, 2)), dim=-1)
+    elif q.dtype in (torch.float32, torch.float64):
+        mask = mask.reshape((1,) * (len(batch) + 2 - mask.dim()) + tuple(mask.shape))
+        row_has_key = mask.any(-1, keepdim=True)
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~(mask | ~row_has_key), float("-inf"))
+        bias = bias.reshape(1, *bias.shape[-2:]) if bias.shape[:-2].numel() == 1 else \
+            bias.expand(*batch, *bias.shape[-2:]).reshape(-1, *bias.shape[-2:])
+        weights = torch.softmax(torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=scale), dim=-1)
+        if not bool(row_has_key.all()):
+            weights = torch.where(row_has_key, weights.reshape(*batch, n_q, n_k), zero).reshape(-1, n_q, n_k)
+    else:
+        scores = torch.bmm(q3 * scale, k3.transpose(1, 2)).reshape(*batch, n_q, n_k)
+        weights = masked_softmax(scores, mask).reshape(-1, n_q, n_k)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = torch.bmm(dropped, v3).reshape(*batch, n_q, v.shape[-1])
+    return out, weights.reshape(*batch, n_q, n_k)
+
+
+# ----------------------------------------------------------------------------------------------- modules
+class _ScoredAttention(nn.Module):
+    """Shared forward: ``masked_softmax(self.scores(queries, keys), mask)``, dropout, weighted sum of values."""
+
+    same_d = True
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = _check_dropout(dropout)
+        self.attention_weights: Tensor | None = None
+
+    def scores(self, queries: Tensor, keys: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
+        batch = _check_qkv(queries, keys, values, same_d=self.same_d)
+        _check_mask(mask, (*batch, queries.shape[-2], keys.shape[-2]))
+        weights = masked_softmax(self.scores(queries, keys), mask)
+        self.attention_weights = weights.detach()
+        return F.dropout(weights, self.dropout, self.training) @ values
+
+
+class AdditiveAttention(_ScoredAttention):
+    """Additive (MLP) attention: ``a(q, k) = w_v^T tanh(W_q q + W_k k)`` (Bahdanau et al. 2015, appendix A.1.2).
+
+    Args:
+        query_size: ``d_q``, the last dim of the queries.
+        key_size: ``d_k``, the last dim of the keys (may differ from ``d_q``).
+        hidden_size: ``h``, the size of the tanh layer.
+        dropout: dropout on the weights in training mode.
+        bias: add a learned bias inside the tanh (``W_k k + b``), as in HAN's ``tanh(W h + b)`` (Yang et al.
+            2016); Bahdanau et al. use none.
+
+    Call: ``(queries (..., n_queries, d_q), keys (..., n_keys, d_k), values (..., n_keys, d_v), mask=None)``
+    -> ``(..., n_queries, d_v)``; ``mask`` is bool, True = takes part, broadcastable to
+    ``(..., n_queries, n_keys)``, e.g. a source key-padding mask ``(batch, 1, n_keys)``. After the call,
+    ``attention_weights`` holds the ``(..., n_queries, n_keys)`` weights (detached).
+
+    Raises:
+        ValueError: a size is not positive, the inputs' last dims differ from ``query_size``/``key_size``, or
+            the shapes and mask do not match (as in :func:`scaled_dot_product_attention`).
+        TypeError: a non-bool mask.
+
+    Chapter 3, section "Additive attention". Memory is ``O(n_queries * n_keys * h)``.
+    """
+
+    same_d = False
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0,
+                 bias: bool = False) -> None:
+        super().__init__(dropout)
+        if min(query_size, key_size, hidden_size) <= 0:
+            raise ValueError(f"sizes must be positive, got query_size={query_size}, key_size={key_size}, "
+                             f"hidden_size={hidden_size}")
+        self.query_size, self.key_size = query_size, key_size
+        self.W_q = nn.Linear(query_size, hidden_size, bias=False)
+        self.W_k = nn.Linear(key_size, hidden_size, bias=bias)
+        self.w_v = nn.Linear(hidden_size, 1, bias=False)
+
+    def scores(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """Raw scores ``(..., n_queries, n_keys)``; queries ``(..., n_queries, d_q)``, keys ``(..., n_keys, d_k)``."""
+        if queries.shape[-1] != self.query_size or keys.shape[-1] != self.key_size:
+            raise ValueError(
+                f"AdditiveAttention expects queries (..., {self.query_size}) and keys (..., {self.key_size}), "
+                f"got queries {tuple(queries.shape)} and keys {tuple(keys.shape)}"
+            )
+        features = torch.tanh(self.W_q(queries).unsqueeze(-2) + self.W_k(keys).unsqueeze(-3))
+        return self.w_v(features).squeeze(-1)
+
+
+class DotProductAttention(_ScoredAttention):
+    """Dot-product attention ``a(q, k) = q . k * scale``, optionally Luong's "general" ``q^T W k``.
+
+    Args:
+        scaled: True = ``scale = 1 / sqrt(d)`` (Vaswani et al. 2017, eq. 1); False = ``1`` (Luong et al. 2015,
+            "dot").
+        dropout: dropout on the weights in training mode.
+        query_size, key_size: give both for Luong's "general" score ``q^T W_a k`` with a learned
+            ``W_a: key_size -> query_size`` applied to the keys (then ``d = query_size``); ``None`` = plain dot.
+        need_weights: False = use the fused fast path and leave ``attention_weights`` as ``None``.
+
+    Call: ``(queries (..., n_queries, d), keys (..., n_keys, d or key_size), values (..., n_keys, d_v),
+    mask=None)`` -> ``(..., n_queries, d_v)``; ``mask`` is bool, True = takes part, broadcastable to
+    ``(..., n_queries, n_keys)``. Computed by :func:`scaled_dot_product_attention`.
+
+    Raises:
+        ValueError: only one of ``query_size``/``key_size`` given, or shapes and mask do not match.
+        TypeError: a non-bool mask.
+
+    Chapter 3, section "Dot-product and scaled dot-product attention".
+    """
+
+    def __init__(self, scaled: bool = True, dropout: float = 0.0, query_size: int | None = None,
+                 key_size: int | None = None, need_weights: bool = True) -> None:
+        super().__init__(dropout)
+        if (query_size is None) != (key_size is None):
+            raise ValueError(f"give both query_size and key_size for the 'general' score, or neither; "
+                             f"got query_size={query_size}, key_size={key_size}")
+        self.scaled, self.need_weights = scaled, need_weights
+        self.W_a = None if query_size is None else nn.Linear(key_size, query_size, bias=False)
+
+    def _keys(self, keys: Tensor) -> Tensor:
+        if self.W_a is not None and keys.shape[-1] != self.W_a.in_features:
+            raise ValueError(f"DotProductAttention expects keys (..., {self.W_a.in_features}), "
+                             f"got {tuple(keys.shape)}")
+        return keys if self.W_a is None else self.W_a(keys)
+
+    def _scale(self, d: int) -> float:
+        return 1.0 / math.sqrt(d) if self.scaled else 1.0
+
+    def scores(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """Raw scores ``(..., n_queries, n_keys)`` = ``queries @ W(keys).mT * scale``."""
+        keys = self._keys(keys)
+        if queries.shape[-1] != keys.shape[-1]:
+            raise ValueError(f"queries and keys must have the same size d_k in the last dim, got queries "
+                             f"{tuple(queries.shape)} and keys {tuple(keys.shape)}")
+        return queries @ keys.transpose(-1, -2) * self._scale(queries.shape[-1])
+
+    def forward(self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
+        _check_qkv(queries, keys, values, same_d=False)
+        keys = self._keys(keys)
+        result = scaled_dot_product_attention(
+            queries, keys, values, mask, scale=self._scale(queries.shape[-1]),
+            dropout_p=self.dropout if self.training else 0.0, return_weights=self.need_weights)
+        if not self.need_weights:
+            self.attention_weights = None
+            return result
+        out, weights = result
+        self.attention_weights = weights.detach()
+        return out
+
+
+class CosineAttention(_ScoredAttention):
+    """Cosine-similarity (content-based) attention: ``a(q, k) = beta * cos(q, k)`` with a learned ``beta > 0``.
+
+    Args:
+        init_scale: the initial ``beta`` (> 0). With ``beta = 1`` the scores lie in ``[-1, 1]`` and no key can get
+            more than ``e / (e + (n_keys - 1) / e)`` of the weight (chapter 3, eq. ``eq-cosine-cap``).
+        learn_scale: learn ``beta`` (stored as ``log_scale``, so it stays positive); False = fixed.
+        eps: lower bound on the norms, so that an all-zero query or key (a padding state) scores 0, not NaN.
+        dropout: dropout on the weights in training mode.
+
+    Call: ``(queries (..., n_queries, d), keys (..., n_keys, d), values (..., n_keys, d_v), mask=None)`` ->
+    ``(..., n_queries, d_v)``; ``mask`` is bool, True = takes part, broadcastable to ``(..., n_queries, n_keys)``.
+
+    Raises:
+        ValueError: ``init_scale`` is not positive, or shapes and mask do not match.
+        TypeError: a non-bool mask.
+
+    Graves et al. (2014), Neural Turing Machines, eq. 5-6 (``beta`` is their key strength). Chapter 3, section
+    "Cosine-similarity attention".
+    """
+
+    def __init__(self, init_scale: float = 1.0, learn_scale: bool = True, eps: float = 1e-8,
+                 dropout: float = 0.0) -> None:
+        super().__init__(dropout)
+        if not init_scale > 0:
+            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        log_scale = torch.tensor(math.log(init_scale))
+        if learn_scale:
+            self.log_scale = nn.Parameter(log_scale)
+        else:
+            self.register_buffer("log_scale", log_scale)
+        self.eps = eps
+
+    @property
+    def scale(self) -> Tensor:
+        """``beta = exp(log_scale)``, a scalar tensor."""
+        return self.log_scale.exp()
+
+    def scores(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """Raw scores ``beta * cos(q_i, k_j)``, ``(..., n_queries, n_keys)``, in ``[-beta, beta]``."""
+        q = F.normalize(queries, dim=-1, eps=self.eps)
+        k = F.normalize(keys, dim=-1, eps=self.eps)
+        return self.scale.to(q.dtype) * (q @ k.transpose(-1, -2))
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: ``Concat(head_1, ..., head_h) W^O`` with ``head_i = SDPA(Q W_i^Q, K W_i^K, V W_i^V)``.
+
+    Args:
+        embed_dim: model size ``d_model`` (size of the queries and of the output); divisible by ``num_heads``.
+        num_heads: ``h``; each head has size ``d_model / h``.
+        dropout: dropout on the weights in training mode.
+        bias: biases in the four projections.
+        kdim, vdim: sizes of keys and values (``None`` = ``embed_dim``).
+        need_weights: False = fused fast path, ``attention_weights`` stays ``None``.
+
+    Call: ``(queries (batch, n_queries, embed_dim), keys (batch, n_keys, kdim), values (batch, n_keys, vdim),
+    mask=None)`` -> ``(batch, n_queries, embed_dim)``. ``mask`` is bool, True = takes part, broadcastable to
+    ``(batch, n_queries, n_keys)`` (the same mask for every head), or 4-D, broadcastable to
+    ``(batch, num_heads, n_queries, n_keys)``. After the call ``attention_weights`` is
+    ``(batch, num_heads, n_queries, n_keys)`` (detached).
+
+    Equals ``torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)`` with the same weights and
+    ``key_padding_mask = ~mask`` (its masks are True = ignored). A query with no valid key gets zero weights and
+    a zero context in every head, so its output is ``out_proj``'s bias; torch's module gives NaN there.
+
+    Raises:
+        ValueError: ``embed_dim`` not divisible by ``num_heads``, inputs not 3-D, sizes or mask do not match.
+        TypeError: a non-bool mask.
+
+    Vaswani et al. (2017), section 3.2.2. Chapter 3, section "Multi-head attention, self-attention and causal masks".
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 kdim: int | None = None, vdim: int | None = None, need_weights: bool = True) -> None:
+        super().__init__()
+        if num_heads <= 0 or embed_dim <= 0 or embed_dim % num_heads:
+            raise ValueError(f"embed_dim must be a positive multiple of num_heads, got embed_dim={embed_dim}, "
+                             f"num_heads={num_heads}")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        self.dropout, self.need_weights = _check_dropout(dropout), need_weights
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.attention_weights: Tensor | None = None
+
+    def _split(self, x: Tensor) -> Tensor:
+        """``(batch, n, embed_dim)`` -> ``(batch, heads, n, head_dim)``."""
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def forward(self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
+        _check_qkv(queries, keys, values, same_d=False)
+        for name, x, size in (("queries", queries, self.embed_dim), ("keys", keys, self.kdim),
+                              ("values", values, self.vdim)):
+            if x.dim() != 3 or x.shape[-1] != size:
+                raise ValueError(f"{name} must have shape (batch, n, {size}), got {tuple(x.shape)}")
+        if mask is not None and isinstance(mask, Tensor) and mask.dim() < 4:
+            _check_mask(mask, (max(queries.shape[0], keys.shape[0]), queries.shape[1], keys.shape[1]))
+            mask = mask.unsqueeze(-3)  # the same mask for every head
+        q, k, v = self._split(self.q_proj(queries)), self._split(self.k_proj(keys)), self._split(self.v_proj(values))
+        result = scaled_dot_product_attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0,
+                                              return_weights=self.need_weights)
+        if self.need_weights:
+            result, weights = result
+            self.attention_weights = weights.detach()
+        else:
+            self.attention_weights = None
+        return self.out_proj(result.transpose(1, 2).flatten(-2))
