@@ -11,12 +11,13 @@ export PYTHONHASHSEED := 0
 .PHONY: book test unit notebooks clean venv site-test pdf chromium
 
 # The venv is (re)built when it is missing or older than the files that define it.
-$(STAMP): requirements.txt code/pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt code/pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (set PYTHON=...)"; exit 1; }
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	touch $(STAMP)
 
 venv: $(STAMP)
