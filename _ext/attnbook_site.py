@@ -101,7 +101,22 @@ def _require_alt_text(app: Sphinx, doctree: nodes.document, docname: str) -> Non
             )
 
 
+def _skip_node(self, node) -> None:
+    raise nodes.SkipNode
+
+
+def _register_singlehtml_visitors(app: Sphinx) -> None:
+    """The PDF edition is printed from the ``singlehtml`` builder, for which sphinx-jupyterbook-latex registers no
+    visitor for its ``HiddenCellNode`` (it only does so for ``html``, ``latex``, ...): skip it, as ``html`` does."""
+    try:
+        from sphinx_jupyterbook_latex.nodes import HiddenCellNode
+    except ImportError:  # pragma: no cover - jupyter-book always installs it
+        return
+    app.add_node(HiddenCellNode, override=True, singlehtml=(_skip_node, None))
+
+
 def setup(app: Sphinx) -> dict:
+    _register_singlehtml_visitors(app)
     app.connect("config-inited", _config_inited)
     # Early: a later html-page-context handler returns a template name, which stops the event (emit_firstresult).
     app.connect("html-page-context", _dedupe_scripts, priority=100)

@@ -163,7 +163,11 @@ def test_citation_matches_package_and_intro():
     assert cff["preferred-citation"]["type"] == "book"
     assert cff["version"] == cff["preferred-citation"]["version"] == attnbook.__version__
     intro = (ROOT / "intro.md").read_text()
-    bibtex = re.search(r"```bibtex\n(.*?)```", intro, flags=re.S).group(1)
-    assert f"version = {{{attnbook.__version__}}}" in bibtex
-    assert cff["preferred-citation"]["title"] in bibtex
-    assert cff["repository-code"] in bibtex and cff["repository-code"] == CONFIG["repository"]["url"]
+    blocks = re.findall(r"```bibtex\n(.*?)```", intro, flags=re.S)
+    assert len(blocks) >= 2, "intro.md gives BibTeX for the book and for a single chapter"
+    for bibtex in blocks:
+        assert re.search(rf"version\s*=\s*\{{{re.escape(attnbook.__version__)}\}}", bibtex), bibtex
+        assert cff["preferred-citation"]["title"] in bibtex
+        assert cff["repository-code"] in bibtex and cff["repository-code"] == CONFIG["repository"]["url"]
+    chapter_url = re.search(r"url\s*=\s*\{([^}]*)\}", blocks[1]).group(1)
+    assert (ROOT / chapter_url.split("/blob/main/")[1]).exists(), chapter_url

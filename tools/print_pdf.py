@@ -19,15 +19,27 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 
 PRINT_CSS = """
 @page { size: A4; margin: 16mm 14mm; }
-.bd-header, .bd-sidebar-primary, .bd-sidebar-secondary, .header-article, .prev-next-area,
-.bd-footer, .bd-footer-article, .bd-footer-content, .theme-switch-button, .search-button,
-#pst-back-to-top, .headerlink { display: none !important; }
-.bd-main .bd-content .bd-article-container { max-width: 100% !important; }
-.bd-page-width { max-width: 100% !important; }
+.bd-header, .bd-sidebar-primary, .bd-sidebar-secondary, .bd-header-article, .header-article, .prev-next-area,
+.bd-footer, .bd-footer-article, .bd-footer-content, .theme-switch-button, .search-button, .skip-link,
+#pst-back-to-top, .headerlink, .toggle-secondary-sidebar, .primary-toggle { display: none !important; }
+html, body, .bd-container, .bd-container__inner, .bd-page-width, .bd-main, .bd-content, .bd-article-container,
+.bd-article { max-width: 100% !important; width: 100% !important; margin: 0 !important; padding: 0 !important; }
+.bd-container__inner { display: block !important; }
+pre { white-space: pre-wrap !important; word-break: break-word; }
 details, details > * { display: block !important; }
-figure, .cell_output img, mjx-container[display="true"] { break-inside: avoid; }
-h1 { break-before: page; }
+figure, .cell_output img, mjx-container[display="true"], table { break-inside: avoid; }
+h1.chapter-start { break-before: page; }
 """
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:  # a browser closing early is not an error
+        pass
 
 
 def main(source: str, target: str) -> int:
@@ -37,9 +49,8 @@ def main(source: str, target: str) -> int:
     if not (html_dir / "index.html").exists():
         raise SystemExit(f"{html_dir}/index.html not found: build the singlehtml edition first")
     pdf_path.parent.mkdir(parents=True, exist_ok=True)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(html_dir))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler = functools.partial(_QuietHandler, directory=str(html_dir))
+    server = _QuietServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -52,6 +63,9 @@ def main(source: str, target: str) -> int:
             page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=60_000)
             page.evaluate("MathJax.startup.promise")
             page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+            # every chapter but the first starts on a new page
+            page.evaluate("Array.from(document.querySelectorAll('h1')).slice(1)"
+                          ".forEach(h => h.classList.add('chapter-start'))")
             page.add_style_tag(content=PRINT_CSS)
             page.emulate_media(media="print")
             page.pdf(path=str(pdf_path), format="A4", print_background=True, outline=True, tagged=True,
