@@ -4,34 +4,26 @@ headless Chromium (Debian's ``chromium`` package) driven by Playwright. Run with
 
 from __future__ import annotations
 
-import functools
-import http.server
-import shutil
-import threading
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import localserver  # noqa: E402
+from localserver import CHROMIUM_ARGS, serve  # noqa: E402
+
 HTML = ROOT / "_build" / "html"
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def chromium_path() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        pytest.fail("Debian's chromium is not installed; `make site-test` installs it (apt-get install chromium)")
-    return path
+    try:
+        return localserver.chromium_executable()
+    except SystemExit as exc:
+        pytest.fail(str(exc))
 
 
 def site_pages() -> list[Path]:
@@ -43,21 +35,12 @@ def site_pages() -> list[Path]:
     return sorted(p for p in pages if p != HTML / "index.html")
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:  # keep the test output readable
-        pass
-
-
 @pytest.fixture(scope="session")
 def site_url():
     if not (HTML / "index.html").exists():
         pytest.fail(f"{HTML} has no index.html: run `make book` first")
-    handler = functools.partial(_QuietHandler, directory=str(HTML))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve(HTML) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")

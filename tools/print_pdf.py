@@ -7,15 +7,10 @@ result is printed to A4 with the book's colours.
 
 from __future__ import annotations
 
-import functools
-import http.server
-import shutil
 import sys
-import threading
 from pathlib import Path
 
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+from localserver import CHROMIUM_ARGS, chromium_executable, serve
 
 PRINT_CSS = """
 @page { size: A4; margin: 16mm 14mm; }
@@ -32,16 +27,6 @@ h1.chapter-start { break-before: page; }
 """
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
-
-
-class _QuietServer(http.server.ThreadingHTTPServer):
-    def handle_error(self, request, client_address) -> None:  # a browser closing early is not an error
-        pass
-
-
 def main(source: str, target: str) -> int:
     from playwright.sync_api import sync_playwright
 
@@ -49,33 +34,24 @@ def main(source: str, target: str) -> int:
     if not (html_dir / "index.html").exists():
         raise SystemExit(f"{html_dir}/index.html not found: build the singlehtml edition first")
     pdf_path.parent.mkdir(parents=True, exist_ok=True)
-    handler = functools.partial(_QuietHandler, directory=str(html_dir))
-    server = _QuietServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        raise SystemExit("Debian's chromium is required (apt-get install chromium)")
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, args=ARGS)
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html", wait_until="load")
-            page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=60_000)
-            page.evaluate("MathJax.startup.promise")
-            page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
-            # every chapter but the first starts on a new page
-            page.evaluate("Array.from(document.querySelectorAll('h1')).slice(1)"
-                          ".forEach(h => h.classList.add('chapter-start'))")
-            page.add_style_tag(content=PRINT_CSS)
-            page.emulate_media(media="print")
-            page.pdf(path=str(pdf_path), format="A4", print_background=True, outline=True, tagged=True,
-                     display_header_footer=True, header_template="<span></span>",
-                     footer_template='<div style="font-size:8px;width:100%;text-align:center">'
-                                     '<span class="pageNumber"></span> / <span class="totalPages"></span></div>',
-                     margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"})
-            browser.close()
-    finally:
-        server.shutdown()
+    with serve(html_dir) as base, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_executable(), args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(f"{base}/index.html", wait_until="load")
+        page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=60_000)
+        page.evaluate("MathJax.startup.promise")
+        page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true)")
+        # every chapter but the first starts on a new page
+        page.evaluate("Array.from(document.querySelectorAll('h1')).slice(1)"
+                      ".forEach(h => h.classList.add('chapter-start'))")
+        page.add_style_tag(content=PRINT_CSS)
+        page.emulate_media(media="print")
+        page.pdf(path=str(pdf_path), format="A4", print_background=True, outline=True, tagged=True,
+                 display_header_footer=True, header_template="<span></span>",
+                 footer_template='<div style="font-size:8px;width:100%;text-align:center">'
+                                 '<span class="pageNumber"></span> / <span class="totalPages"></span></div>',
+                 margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"})
+        browser.close()
     print(f"wrote {pdf_path} ({pdf_path.stat().st_size / 1e6:.1f} MB)")
     return 0
 
