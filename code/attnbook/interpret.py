@@ -1,0 +1,248 @@
+"""Is attention an explanation? Importance measures, rank correlation, the permutation test, uniform attention.
+
+Explained in chapter 7, "Soft and hard attention" (``chapters/07_soft_hard_attention``), section "Is attention an
+explanation?". The tests follow Jain and Wallace (2019): Kendall's tau between the attention weights and two
+importance measures (:func:`gradient_importance`, :func:`leave_one_out_importance`; :func:`kendall_tau`), and the
+change in output when the attention weights are randomly permuted (:func:`permutation_effect`); and Wiegreffe and
+Pinter (2019): a baseline whose attention is frozen to uniform weights (``AttentionClassifier(uniform=True)``,
+:func:`uniform_weights`).
+
+The functions work with any binary classifier that follows the protocol of :class:`AttentionClassifier`:
+
+- ``model.embed(ids) -> (B, T, d)`` token embeddings;
+- ``model(ids, lengths, *, embeddings=None, weights=None) -> (logits (B,), weights (B, T))``, where ``embeddings``
+  replaces ``model.embed(ids)`` and ``weights`` replaces the attention weights (rows summing to 1 over the valid
+  positions, 0 on padding).
+
+The output compared is the predicted probability of the positive class, ``sigmoid(logit)``. Masks follow the book's
+convention: bool, True = the position takes part.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.stats import kendalltau
+from torch import Tensor, nn
+
+from .attention import AdditiveAttention
+from .masking import lengths_to_mask, masked_softmax
+
+__all__ = [
+    "AttentionClassifier",
+    "uniform_weights",
+    "gradient_importance",
+    "leave_one_out_importance",
+    "kendall_tau",
+    "permutation_effect",
+]
+
+
+class AttentionClassifier(nn.Module):
+    """Embedding -> bidirectional GRU -> attention pooling with a learned query -> one logit (Jain and Wallace 2019).
+
+    The pooling is additive attention with a single learned query, ``alpha_t = softmax_t(w^T tanh(W h_t + b))``
+    (Yang et al. 2016; chapter 3's exercise on HAN pooling), masked so that padding gets weight 0; the logit is
+    ``v^T sum_t alpha_t h_t + c``.
+
+    Args:
+        vocab_size: number of token ids (id 0 = ``<pad>``).
+        embed_size, hidden_size, attention_size: layer sizes (the GRU has ``hidden_size`` per direction).
+        uniform: freeze the attention to uniform weights over the valid tokens (the baseline of Wiegreffe and
+            Pinter 2019); the scorer is then unused.
+        encoder: ``"bigru"`` (default), ``"cnn"`` (one 1-D convolution of width 5 and a ReLU, ``2 * hidden_size``
+            channels: context from two tokens on each side, much faster on a CPU) or ``"none"`` (attention
+            directly over the embeddings).
+
+    Call: ``model(ids (B, T) int64, lengths (B,) int64, *, embeddings=None, weights=None)`` ->
+    ``(logits (B,), weights (B, T))``.
+
+    Raises:
+        ValueError: a size is not positive or ``encoder`` is unknown.
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int = 64, hidden_size: int = 32, attention_size: int = 32,
+                 uniform: bool = False, encoder: str = "bigru") -> None:
+        super().__init__()
+        if min(vocab_size, embed_size, hidden_size, attention_size) <= 0:
+            raise ValueError("all sizes must be positive")
+        if encoder not in ("bigru", "cnn", "none"):
+            raise ValueError(f"encoder must be 'bigru', 'cnn' or 'none', got {encoder!r}")
+        self.uniform, self.encoder_kind = uniform, encoder
+        self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=0)
+        self.rnn = nn.GRU(embed_size, hidden_size, batch_first=True, bidirectional=True) if encoder == "bigru" \
+            else None
+        self.conv = nn.Conv1d(embed_size, 2 * hidden_size, 5, padding=2) if encoder == "cnn" else None
+        state_size = embed_size if encoder == "none" else 2 * hidden_size
+        self.attention = AdditiveAttention(query_size=1, key_size=state_size, hidden_size=attention_size, bias=True)
+        self.out = nn.Linear(state_size, 1)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings ``(B, T, embed_size)``."""
+        return self.embedding(ids)
+
+    def states(self, embeddings: Tensor, lengths: Tensor) -> Tensor:
+        """Encoder states ``(B, T, state_size)``; padding positions are zeros."""
+        if self.conv is not None:
+            mask = lengths_to_mask(lengths, embeddings.shape[1]).to(embeddings.device)
+            states = torch.relu(self.conv((embeddings * mask.unsqueeze(-1)).transpose(1, 2))).transpose(1, 2)
+            return states * mask.unsqueeze(-1)
+        if self.rnn is None:
+            return embeddings
+        packed = nn.utils.rnn.pack_padded_sequence(embeddings, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        return nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=embeddings.shape[1])[0]
+
+    def forward(self, ids: Tensor, lengths: Tensor, *, embeddings: Tensor | None = None,
+                weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        mask = lengths_to_mask(lengths, ids.shape[1]).to(ids.device)
+        h = self.states(self.embed(ids) if embeddings is None else embeddings, lengths)
+        if weights is None:
+            if self.uniform:
+                weights = uniform_weights(mask).to(h.dtype)
+            else:
+                query = torch.ones(h.shape[0], 1, 1, dtype=h.dtype, device=h.device)
+                weights = masked_softmax(self.attention.scores(query, h).squeeze(1), mask)
+        pooled = torch.bmm(weights.unsqueeze(1), h).squeeze(1)
+        return self.out(pooled).squeeze(-1), weights
+
+
+def uniform_weights(mask: Tensor) -> Tensor:
+    """Weights ``1 / n_valid`` on the valid positions of each row of a bool ``mask`` ``(B, T)`` (True = takes part),
+    0 elsewhere; an all-False row gives zeros.
+
+    Raises:
+        TypeError: ``mask`` is not bool.
+    """
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor (True = takes part), got dtype {mask.dtype}")
+    counts = mask.sum(-1, keepdim=True).clamp(min=1)
+    return mask.float() / counts
+
+
+def gradient_importance(model: nn.Module, ids: Tensor, lengths: Tensor, detach_attention: bool = False) -> Tensor:
+    """Gradient importance ``|| d sigmoid(logit) / d e_t ||_2`` of every token embedding ``e_t``; 0 on padding.
+
+    Args:
+        model: a classifier following the module's protocol (e.g. :class:`AttentionClassifier`).
+        ids: int64 ``(B, T)``; lengths: int64 ``(B,)``.
+        detach_attention: compute the weights first and hold them fixed, so that the gradient does not flow
+            through the attention scores (only through the values).
+
+    Returns:
+        float32 ``(B, T)``. The model's mode (train/eval) is left as it is; call ``model.eval()`` first.
+    """
+    embeddings = model.embed(ids).detach().requires_grad_(True)
+    weights = None
+    if detach_attention:
+        with torch.no_grad():
+            _, weights = model(ids, lengths)
+    logits, _ = model(ids, lengths, embeddings=embeddings, weights=weights)
+    (grad,) = torch.autograd.grad(torch.sigmoid(logits).sum(), embeddings)
+    mask = lengths_to_mask(lengths, ids.shape[1]).to(ids.device)
+    return grad.norm(dim=-1) * mask
+
+
+@torch.no_grad()
+def leave_one_out_importance(model: nn.Module, ids: Tensor, lengths: Tensor, batch_size: int = 512) -> Tensor:
+    """Leave-one-out importance ``|p(x) - p(x without token t)|`` for every valid position; 0 on padding.
+
+    Token ``t`` is deleted (the rest shift left, the length drops by one), not masked, so that the encoder never
+    sees it. A sequence of length 1 gets importance 0.
+
+    Args:
+        model: a classifier following the module's protocol; ids: int64 ``(B, T)``; lengths: int64 ``(B,)``.
+        batch_size: how many shortened sequences to score at once.
+
+    Returns:
+        float32 ``(B, T)``.
+    """
+    probs = torch.sigmoid(model(ids, lengths)[0])
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    variants, owners = [], []
+    for i in range(ids.shape[0]):
+        n = int(lengths[i])
+        if n < 2:
+            continue
+        row = ids[i, :n]
+        keep = ~torch.eye(n, dtype=torch.bool, device=ids.device)                  # (n, n): drop token t in row t
+        shortened = row.expand(n, n)[keep].reshape(n, n - 1)
+        variants.append(torch.nn.functional.pad(shortened, (0, ids.shape[1] - (n - 1))))
+        owners.extend((i, t) for t in range(n))
+    if not variants:
+        return out
+    variants = torch.cat(variants)
+    new_lengths = torch.tensor([int(lengths[i]) - 1 for i, _ in owners], device=ids.device)
+    new_probs = torch.cat([torch.sigmoid(model(variants[s:s + batch_size], new_lengths[s:s + batch_size])[0])
+                           for s in range(0, len(variants), batch_size)])
+    rows = torch.tensor([i for i, _ in owners], device=ids.device)
+    cols = torch.tensor([t for _, t in owners], device=ids.device)
+    out[rows, cols] = (new_probs - probs[rows]).abs().float()
+    return out
+
+
+def kendall_tau(a: Tensor | np.ndarray, b: Tensor | np.ndarray, lengths: Tensor | np.ndarray) -> np.ndarray:
+    """Kendall's tau-b between ``a[i, :lengths[i]]`` and ``b[i, :lengths[i]]`` for every row ``i``.
+
+    Uses ``scipy.stats.kendalltau`` (tau-b, which corrects for ties). Rows with fewer than two positions, or where
+    one of the two is constant, give NaN.
+
+    Args:
+        a, b: ``(B, T)`` arrays or tensors, e.g. attention weights and an importance measure.
+        lengths: ``(B,)`` valid lengths.
+
+    Returns:
+        float64 ``(B,)``.
+
+    Raises:
+        ValueError: ``a`` and ``b`` have different shapes, or ``lengths`` does not have one entry per row.
+    """
+    a = a.detach().cpu().numpy() if isinstance(a, Tensor) else np.asarray(a)
+    b = b.detach().cpu().numpy() if isinstance(b, Tensor) else np.asarray(b)
+    lengths = lengths.cpu().numpy() if isinstance(lengths, Tensor) else np.asarray(lengths)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"a and b must be 2-D of the same shape, got {a.shape} and {b.shape}")
+    if lengths.shape != (a.shape[0],):
+        raise ValueError(f"lengths must have shape ({a.shape[0]},), got {lengths.shape}")
+    taus = np.full(a.shape[0], np.nan)
+    for i, n in enumerate(lengths.astype(int)):
+        x, y = a[i, :n], b[i, :n]
+        if n >= 2 and np.ptp(x) > 0 and np.ptp(y) > 0:
+            taus[i] = kendalltau(x, y).statistic
+    return taus
+
+
+@torch.no_grad()
+def permutation_effect(model: nn.Module, ids: Tensor, lengths: Tensor, n_permutations: int = 100,
+                       generator: torch.Generator | None = None) -> Tensor:
+    """Median ``|p(x; permuted weights) - p(x)|`` over random permutations of each example's attention weights.
+
+    The weights of the valid positions are shuffled among those positions (padding keeps weight 0), the encoder
+    states stay as they are, and the output is recomputed (Jain and Wallace 2019, section 4.2). A small median
+    means the prediction does not depend on *which* token got *which* weight.
+
+    Args:
+        model: a classifier following the module's protocol; ids: int64 ``(B, T)``; lengths: int64 ``(B,)``.
+        n_permutations: permutations per example (>= 1).
+        generator: seeded generator for the permutations.
+
+    Returns:
+        float32 ``(B,)``.
+
+    Raises:
+        ValueError: ``n_permutations < 1``.
+    """
+    if n_permutations < 1:
+        raise ValueError(f"n_permutations must be >= 1, got {n_permutations}")
+    logits, weights = model(ids, lengths)
+    probs = torch.sigmoid(logits)
+    mask = lengths_to_mask(lengths, ids.shape[1]).to(ids.device)
+    changes = torch.empty(n_permutations, ids.shape[0])
+    for k in range(n_permutations):
+        # Random keys, +inf on padding: sorting them gives a random order of the valid positions first.
+        keys = torch.rand(ids.shape, generator=generator).to(ids.device).masked_fill(~mask, float("inf"))
+        order = keys.argsort(dim=-1)
+        permuted = torch.zeros_like(weights)
+        permuted[mask] = torch.gather(weights, 1, order)[mask]
+        changes[k] = (torch.sigmoid(model(ids, lengths, weights=permuted)[0]) - probs).abs().cpu()
+    return changes.median(dim=0).values

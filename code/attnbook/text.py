@@ -1,0 +1,187 @@
+"""Tokenizer, vocabulary and padding for the translation chapter.
+
+Explained in chapter 4, "Sequence to sequence with attention" (``chapters/04_seq2seq_attention``), section
+"Tokens, vocabulary and padding".
+
+The tokenizer is deliberately simple and fully documented, so that a reader can predict every token:
+
+- text is Unicode-normalized (NFC) and lower-cased;
+- a token is a run of word characters (``\\w``, so accented letters count), optionally joined by apostrophes
+  (``don't``, ``tom's`` stay one token), or a single other non-space character (punctuation such as ``.``,
+  ``,``, ``?``, Spanish ``¿`` and ``¡``).
+
+The vocabulary reserves four special tokens at fixed ids: ``<pad>`` = 0 (padding; masked everywhere, and ignored
+by the loss), ``<bos>`` = 1 (beginning of a target sentence, the decoder's first input), ``<eos>`` = 2 (end of
+sentence) and ``<unk>`` = 3 (any token not in the vocabulary). Padded batches come with their lengths, from which
+:func:`attnbook.masking.lengths_to_mask` makes the bool mask (True = the position takes part).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PAD", "BOS", "EOS", "UNK", "SPECIALS", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID",
+    "tokenize", "detokenize", "Vocab", "pad_batch",
+]
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+#: The special tokens, in the order of their ids.
+SPECIALS = (PAD, BOS, EOS, UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+_TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
+# Detokenization: no space before closing punctuation, none after opening punctuation.
+_NO_SPACE_BEFORE = re.compile(r" ([.,!?;:%)\]}»])")
+_NO_SPACE_AFTER = re.compile(r"([¿¡(\[{«]) ")
+
+
+def tokenize(text: str) -> list[str]:
+    """Split ``text`` into lower-cased tokens: words (with inner apostrophes) and single punctuation marks.
+
+    Args:
+        text: one sentence, any Unicode string.
+
+    Returns:
+        The tokens, e.g. ``tokenize("¿Dónde está Tom's car?")`` is
+        ``["¿", "dónde", "está", "tom's", "car", "?"]``. An empty or all-space string gives ``[]``.
+
+    Raises:
+        TypeError: ``text`` is not a ``str`` (e.g. NaN from a malformed data row).
+
+    Chapter 4, section "Tokens, vocabulary and padding".
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return _TOKEN.findall(unicodedata.normalize("NFC", text).lower())
+
+
+def detokenize(tokens: Sequence[str]) -> str:
+    """Join tokens into a sentence: spaces between tokens, except before closing punctuation (``. , ! ? ; :``)
+    and after opening punctuation (``¿ ¡ (``), so that ``detokenize(tokenize(s))`` equals ``s.lower()`` for
+    ordinary sentences. This is the form that is scored with sacreBLEU (which tokenizes again, its own way)."""
+    text = " ".join(tokens)
+    return _NO_SPACE_AFTER.sub(r"\1", _NO_SPACE_BEFORE.sub(r"\1", text))
+
+
+class Vocab:
+    """A token <-> id mapping with the special tokens ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2, ``<unk>`` = 3.
+
+    Build one with :meth:`build` from tokenized sentences; tokens are ordered by decreasing frequency (ties
+    alphabetically), so the ids are deterministic.
+
+    Attributes:
+        itos: list of tokens, ``itos[i]`` is the token with id ``i``.
+        stoi: dict token -> id.
+
+    Chapter 4, section "Tokens, vocabulary and padding".
+    """
+
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
+    def __init__(self, tokens: Iterable[str]) -> None:
+        """``tokens``: the non-special tokens, in id order (ids start at 4). Raises ``ValueError`` if a token is
+        repeated or is one of the special tokens."""
+        self.itos = list(SPECIALS)
+        for token in tokens:
+            if token in SPECIALS:
+                raise ValueError(f"{token!r} is a special token and is added automatically")
+            self.itos.append(token)
+        self.stoi = {token: i for i, token in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos):
+            repeated = [t for t, c in Counter(self.itos).items() if c > 1]
+            raise ValueError(f"tokens must be unique, got repeated {repeated[:5]}")
+
+    @classmethod
+    def build(cls, sentences: Iterable[Sequence[str]], min_freq: int = 1, max_size: int | None = None) -> "Vocab":
+        """Vocabulary of the tokens that occur at least ``min_freq`` times in ``sentences``.
+
+        Args:
+            sentences: tokenized sentences (lists of tokens), e.g. the training split only.
+            min_freq: minimum count (>= 1) for a token to get its own id; rarer tokens map to ``<unk>``.
+            max_size: keep at most this many tokens *including* the four specials (the most frequent ones);
+                ``None`` = no limit. Must be > 4.
+
+        Raises:
+            ValueError: ``min_freq < 1`` or ``max_size <= 4``.
+        """
+        if min_freq < 1:
+            raise ValueError(f"min_freq must be >= 1, got {min_freq}")
+        if max_size is not None and max_size <= len(SPECIALS):
+            raise ValueError(f"max_size must be > {len(SPECIALS)} (the special tokens), got {max_size}")
+        counts = Counter(token for sentence in sentences for token in sentence)
+        for special in SPECIALS:
+            counts.pop(special, None)
+        kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            kept = kept[: max_size - len(SPECIALS)]
+        return cls(kept)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, token: str) -> bool:
+        return token in self.stoi
+
+    def encode(self, tokens: Sequence[str], bos: bool = False, eos: bool = False) -> list[int]:
+        """Token ids of ``tokens`` (unknown tokens -> ``<unk>`` = 3), with ``<bos>``/``<eos>`` added if asked."""
+        ids = [self.stoi.get(token, UNK_ID) for token in tokens]
+        return ([BOS_ID] if bos else []) + ids + ([EOS_ID] if eos else [])
+
+    def decode(self, ids: Iterable[int], strip: bool = True) -> list[str]:
+        """Tokens of ``ids``. With ``strip`` (default), stop at the first ``<eos>`` and drop ``<bos>`` and
+        ``<pad>``; ``<unk>`` is kept. Raises ``IndexError`` for an id outside ``[0, len(self))``."""
+        tokens = []
+        for i in (int(i) for i in ids):
+            if not 0 <= i < len(self.itos):
+                raise IndexError(f"token id {i} is outside the vocabulary of size {len(self.itos)}")
+            if strip and i == EOS_ID:
+                break
+            if strip and i in (BOS_ID, PAD_ID):
+                continue
+            tokens.append(self.itos[i])
+        return tokens
+
+    def __repr__(self) -> str:
+        return f"Vocab(size={len(self)}, first={self.itos[4:9]})"
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID, length: int | None = None
+              ) -> tuple[Tensor, Tensor]:
+    """Right-pad id sequences into one tensor.
+
+    Args:
+        sequences: ``batch`` lists of token ids, each of length >= 1.
+        pad_id: the padding id (``<pad>`` = 0).
+        length: the padded length; ``None`` = the longest sequence.
+
+    Returns:
+        ``(ids, lengths)``: ``ids`` is int64 ``(batch, length)`` with ``pad_id`` after each sequence,
+        ``lengths`` int64 ``(batch,)``. ``attnbook.masking.lengths_to_mask(lengths, length)`` is the matching
+        bool mask (True = a real token).
+
+    Raises:
+        ValueError: ``sequences`` is empty, a sequence is empty, or one is longer than ``length``.
+
+    Chapter 4, section "Tokens, vocabulary and padding".
+    """
+    if len(sequences) == 0:
+        raise ValueError("sequences must not be empty")
+    lengths = [len(s) for s in sequences]
+    if min(lengths) == 0:
+        raise ValueError(f"every sequence needs at least one token, got lengths {lengths}")
+    longest = max(lengths)
+    if length is None:
+        length = longest
+    elif longest > length:
+        raise ValueError(f"a sequence of length {longest} does not fit into length={length}")
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return ids, torch.tensor(lengths, dtype=torch.long)

@@ -1,0 +1,144 @@
+"""attnbook.interpret against independent references: finite differences (gradient importance), an explicit loop
+over shortened reviews (leave-one-out), scipy's kendalltau on hand-made rankings, exact invariances (permuting
+uniform weights changes nothing), and padding invariance of the classifier."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import kendalltau
+
+from attnbook.interpret import (AttentionClassifier, gradient_importance, kendall_tau, leave_one_out_importance,
+                                permutation_effect, uniform_weights)
+from attnbook.masking import lengths_to_mask
+
+ENCODERS = ["bigru", "cnn", "none"]
+
+
+def _model(encoder, uniform=False, seed=0):
+    torch.manual_seed(seed)
+    return AttentionClassifier(20, embed_size=6, hidden_size=4, attention_size=5, uniform=uniform,
+                               encoder=encoder).double().eval()
+
+
+def _batch(seed=0, b=4, t=7):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([7, 3, 5, 1])[:b]
+    ids = torch.randint(1, 20, (b, t), generator=g) * lengths_to_mask(lengths, t)
+    return ids, lengths
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_classifier_weights_and_padding_invariance(encoder):
+    model = _model(encoder)
+    ids, lengths = _batch()
+    logits, w = model(ids, lengths)
+    mask = lengths_to_mask(lengths, 7)
+    assert torch.all(w[~mask] == 0) and torch.allclose(w.sum(-1), torch.ones(4, dtype=torch.float64))
+    longer = torch.cat([ids, torch.zeros(4, 3, dtype=torch.long)], dim=1)      # three more pads
+    logits2, w2 = model(longer, lengths)
+    assert torch.allclose(logits, logits2, atol=1e-12) and torch.allclose(w, w2[:, :7], atol=1e-12)
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_gradient_importance_matches_finite_differences(encoder):
+    model = _model(encoder)
+    ids, lengths = _batch(b=2)
+    imp = gradient_importance(model, ids, lengths)
+    emb = model.embed(ids).detach()
+    eps = 1e-6
+    for i in range(2):
+        for t in range(int(lengths[i])):
+            grad = torch.zeros(emb.shape[-1], dtype=torch.float64)
+            for k in range(emb.shape[-1]):
+                plus, minus = emb.clone(), emb.clone()
+                plus[i, t, k] += eps
+                minus[i, t, k] -= eps
+                p = torch.sigmoid(model(ids, lengths, embeddings=plus)[0][i])
+                m = torch.sigmoid(model(ids, lengths, embeddings=minus)[0][i])
+                grad[k] = (p - m) / (2 * eps)
+            assert torch.isclose(imp[i, t].double(), grad.norm(), rtol=1e-4, atol=1e-8)
+    assert torch.all(imp[~lengths_to_mask(lengths, 7)] == 0)
+    detached = gradient_importance(model, ids, lengths, detach_attention=True)
+    assert detached.shape == imp.shape
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_leave_one_out_matches_an_explicit_loop(encoder):
+    model = _model(encoder)
+    ids, lengths = _batch()
+    loo = leave_one_out_importance(model, ids, lengths, batch_size=3)
+    for i in range(4):
+        n = int(lengths[i])
+        full = torch.sigmoid(model(ids[i:i + 1, :n], lengths[i:i + 1])[0])
+        for t in range(n):
+            if n == 1:
+                assert loo[i, t] == 0
+                continue
+            short = torch.cat([ids[i, :t], ids[i, t + 1:n]])[None]
+            p = torch.sigmoid(model(short, torch.tensor([n - 1]))[0])
+            assert torch.isclose(loo[i, t], (p - full).abs().float()[0], atol=1e-6)
+        assert torch.all(loo[i, n:] == 0)
+
+
+def test_kendall_tau_against_scipy():
+    a = np.array([[0.1, 0.5, 0.2, 0.9, 0.0], [1, 2, 3, 0, 0], [3, 3, 3, 9, 9], [1, 0, 0, 0, 0]], dtype=float)
+    b = np.array([[0.3, 0.1, 0.2, 0.8, 0.5], [3, 2, 1, 7, 7], [1, 2, 3, 0, 0], [2, 0, 0, 0, 0]], dtype=float)
+    taus = kendall_tau(a, b, [5, 3, 3, 1])
+    assert np.isclose(taus[0], kendalltau(a[0], b[0]).statistic)
+    assert np.isclose(taus[1], -1.0)                    # reversed ranking of the 3 valid positions
+    assert np.isnan(taus[2]) and np.isnan(taus[3])      # constant over the valid part; a single position
+    with pytest.raises(ValueError, match=r"lengths must have shape \(4,\), got \(3,\)"):
+        kendall_tau(a, b, [1, 2, 3])
+    with pytest.raises(ValueError, match="a and b must be 2-D of the same shape"):
+        kendall_tau(a, b[:2], [1, 2, 3, 4])
+
+
+def test_uniform_weights():
+    mask = lengths_to_mask(torch.tensor([4, 1, 0]), 4)
+    w = uniform_weights(mask)
+    assert torch.allclose(w[0], torch.full((4,), 0.25)) and w[1].tolist() == [1, 0, 0, 0] and w[2].sum() == 0
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        uniform_weights(mask.float())
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_permutation_effect(encoder):
+    ids, lengths = _batch()
+    uniform = _model(encoder, uniform=True)
+    assert torch.all(permutation_effect(uniform, ids, lengths, 20, torch.Generator().manual_seed(0)) < 1e-12)
+    model = _model(encoder)
+    effect = permutation_effect(model, ids, lengths, 30, torch.Generator().manual_seed(0))
+    assert effect.shape == (4,) and effect[3] == 0 and effect[0] > 0       # length 1: nothing to permute
+    again = permutation_effect(model, ids, lengths, 30, torch.Generator().manual_seed(0))
+    assert torch.equal(effect, again)
+    with pytest.raises(ValueError, match="n_permutations must be >= 1, got 0"):
+        permutation_effect(model, ids, lengths, 0)
+
+
+def test_permuted_weights_stay_on_valid_positions():
+    """Wrap a model to record the weights it is given: each permutation is a rearrangement of the valid weights."""
+    model = _model("cnn")
+    ids, lengths = _batch()
+    _, w = model(ids, lengths)
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def forward(self, ids_, lengths_, *, embeddings=None, weights=None):
+            if weights is not None:
+                seen.append(weights)
+            return model(ids_, lengths_, embeddings=embeddings, weights=weights)
+
+    permutation_effect(Spy(), ids, lengths, 5, torch.Generator().manual_seed(1))
+    mask = lengths_to_mask(lengths, 7)
+    for permuted in seen:
+        assert torch.all(permuted[~mask] == 0)
+        for i in range(4):
+            n = int(lengths[i])
+            assert torch.allclose(permuted[i, :n].sort().values, w[i, :n].sort().values)
+
+
+def test_classifier_errors():
+    with pytest.raises(ValueError, match="encoder must be 'bigru', 'cnn' or 'none', got 'lstm'"):
+        AttentionClassifier(10, encoder="lstm")
+    with pytest.raises(ValueError, match="all sizes must be positive"):
+        AttentionClassifier(0)

