@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .masking import masked_softmax
+from .masking import check_bool_mask, masked_softmax
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -79,13 +79,7 @@ def _check_mask(mask: Tensor | None, target: tuple[int, ...]) -> None:
     """Validate that ``mask`` is bool and broadcasts to ``target`` = ``(..., n_queries, n_keys)`` without growing it."""
     if mask is None:
         return
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a bool torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask must be a bool tensor (True = takes part), got dtype {mask.dtype}; "
-            "convert with mask.bool() only if 1 means 'takes part'"
-        )
+    check_bool_mask(mask)
     try:
         ok = torch.broadcast_shapes(mask.shape, target) == torch.Size(target)
     except RuntimeError:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "check_bool_mask",
     "lengths_to_mask",
     "masked_softmax",
     "renormalized_softmax",
@@ -27,12 +28,11 @@ __all__ = [
 BERT_MASK_VALUE = -10_000.0
 
 
-def _check_scores_and_mask(scores: Tensor, mask: Tensor, dim: int) -> Tensor:
-    """Validate ``scores``/``mask`` and return ``mask`` expanded (as a view) to ``scores.shape``."""
-    if not isinstance(scores, Tensor):
-        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
-    if not scores.is_floating_point():
-        raise TypeError(f"scores must have a floating dtype, got {scores.dtype}")
+def check_bool_mask(mask: object) -> None:
+    """Raise ``TypeError`` unless ``mask`` is a bool tensor (the attnbook convention: True = takes part).
+
+    Shared by every function that takes a mask, so that the message is the same everywhere.
+    """
     if not isinstance(mask, Tensor):
         raise TypeError(f"mask must be a bool torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -40,6 +40,15 @@ def _check_scores_and_mask(scores: Tensor, mask: Tensor, dim: int) -> Tensor:
             f"mask must be a bool tensor (True = takes part), got dtype {mask.dtype}; "
             "convert with mask.bool() only if 1 means 'takes part'"
         )
+
+
+def _check_scores_and_mask(scores: Tensor, mask: Tensor, dim: int) -> Tensor:
+    """Validate ``scores``/``mask`` and return ``mask`` expanded (as a view) to ``scores.shape``."""
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    if not scores.is_floating_point():
+        raise TypeError(f"scores must have a floating dtype, got {scores.dtype}")
+    check_bool_mask(mask)
     if scores.dim() == 0:
         raise ValueError("scores must have at least one dimension (the keys)")
     if not -scores.dim() <= dim < scores.dim():
