@@ -173,6 +173,22 @@ def print_estimate(seconds: float, what: str = "the next cell") -> None:
         print(f"Estimated run time of {what}: about {seconds:.0f} s")
 
 
+class ModeConfig:
+    """Mixin for an experiment's config dataclass that defines ``quick()`` and ``full()`` classmethods."""
+
+    @classmethod
+    def for_mode(cls, mode: str | None = None):
+        """``quick()`` or ``full()`` for ``mode`` (default: :func:`get_mode`).
+
+        Raises:
+            ValueError: ``mode`` is neither ``"quick"`` nor ``"full"``.
+        """
+        mode = mode or get_mode()
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
+        return cls.quick() if mode == "quick" else cls.full()
+
+
 def is_number(value: Any) -> bool:
     """True for Python, NumPy and one-element torch numbers (used by tests of glued values)."""
     return isinstance(_plain(value), Number)

@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..interpret import (AttentionClassifier, gradient_importance, kendall_tau, leave_one_out_importance,
                          permutation_effect)
-from ..runtime import get_device, progress
+from ..runtime import ModeConfig, get_device, progress
 
 __all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "accuracy", "explanation_tests"]
 
 
 @dataclass(frozen=True)
-class ExplanationConfig:
+class ExplanationConfig(ModeConfig):
     """Data sizes, model and training of the explanation experiment (quick: a 2-core CPU; full: a GPU)."""
 
     n_train: int = 5000
@@ -60,16 +60,6 @@ class ExplanationConfig:
         return cls(n_train=0, n_test=0, n_analyse=500, max_len=400, vocab_size=20_000, encoder="bigru",
                    hidden_size=64, attention_size=64, epochs=5, n_permutations=100, device=str(get_device()))
 
-    @classmethod
-    def for_mode(cls, mode: str) -> "ExplanationConfig":
-        """``quick()`` or ``full()`` by name.
-
-        Raises:
-            ValueError: ``mode`` is neither ``"quick"`` nor ``"full"``.
-        """
-        if mode not in ("quick", "full"):
-            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
-        return cls.quick() if mode == "quick" else cls.full()
 
 
 def prepare_reviews(cfg: ExplanationConfig) -> dict:

@@ -28,7 +28,7 @@ import torch
 
 from ..data.digits import DIGIT_SIZE, DigitCanvases, make_canvases, split_digit_images
 from ..hard_attention import MODES, DigitCaptioner, MovingAverageBaseline, captioning_loss
-from ..runtime import get_device, progress
+from ..runtime import ModeConfig, get_device, progress
 
 __all__ = [
     "HardAttentionConfig",
@@ -44,7 +44,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class HardAttentionConfig:
+class HardAttentionConfig(ModeConfig):
     """Sizes and hyper-parameters of the digit-captioning experiment (quick: a 2-core CPU; full: a GPU)."""
 
     n_digits: int = 3
@@ -82,16 +82,6 @@ class HardAttentionConfig:
                    batch_size=128, lr=1e-3, channels=32, annotation_size=64, hidden_size=128, embed_size=32,
                    attention_size=64, eval_every=250, grad_estimates=64, seeds=(0, 1, 2), device=str(get_device()))
 
-    @classmethod
-    def for_mode(cls, mode: str) -> "HardAttentionConfig":
-        """``quick()`` or ``full()`` by name (``attnbook.runtime.get_mode()``).
-
-        Raises:
-            ValueError: ``mode`` is neither ``"quick"`` nor ``"full"``.
-        """
-        if mode not in ("quick", "full"):
-            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
-        return cls.quick() if mode == "quick" else cls.full()
 
 
 def make_data(cfg: HardAttentionConfig) -> dict[str, DigitCanvases]:

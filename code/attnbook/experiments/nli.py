@@ -26,14 +26,14 @@ import torch.nn.functional as F
 from ..data.nli import (LABELS, NLIBatch, NLIExample, Vocab, alignment_targets, build_vocab, encode, load_glove,
                         load_snli, make_splits, pair_category)
 from ..nli import DecomposableAttention, alignment_accuracy, chance_alignment_accuracy, count_parameters
-from ..runtime import get_device, get_mode, progress, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
 
 __all__ = ["NLIConfig", "load_data", "make_model", "train", "predict", "evaluate", "padding_sweep",
            "alignment_table", "run", "main"]
 
 
 @dataclass
-class NLIConfig:
+class NLIConfig(ModeConfig):
     """Sizes and training settings of the chapter's runs (Parikh et al.'s values in brackets where they differ).
 
     ``data``: ``"generated"`` (:func:`attnbook.data.nli.make_splits`) or ``"snli"``. The unmasked (d2l-style) model
@@ -72,12 +72,6 @@ class NLIConfig:
         return cls(n_train=60_000, n_valid=5_000, n_test=10_000, hidden_size=200, dropout=0.2, epochs=15,
                    batch_size=128, lr=1e-3, glove=True, unmasked_pad_to=10, pad_lengths=(7, 10, 20, 40, 80))
 
-    @classmethod
-    def for_mode(cls, mode: str | None = None) -> "NLIConfig":
-        mode = mode or get_mode()
-        if mode not in ("quick", "full"):
-            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
-        return cls.quick() if mode == "quick" else cls.full()
 
 
 def load_data(cfg: NLIConfig) -> dict[str, list[NLIExample]]:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.translation import TranslationData, prepare_translation
-from ..runtime import get_device, get_mode, progress, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
 from ..text import PAD_ID, detokenize, pad_batch
 
@@ -38,7 +38,7 @@ __all__ = [
 
 
 @dataclass
-class Seq2SeqConfig:
+class Seq2SeqConfig(ModeConfig):
     """Everything that defines one run of the translation experiment.
 
     Data: ``max_src_len``/``max_tgt_len`` (tokens), ``n_train`` (pairs), ``n_valid``/``n_test`` (source sentences,
@@ -98,13 +98,6 @@ class Seq2SeqConfig:
                    max_decode_len=80, num_threads=None,
                    length_edges=(4, 6, 8, 10, 13, 16, 20, 30))
 
-    @classmethod
-    def for_mode(cls, mode: str | None = None) -> "Seq2SeqConfig":
-        """``quick()`` or ``full()`` for ``mode`` (default: :func:`attnbook.runtime.get_mode`)."""
-        mode = mode or get_mode()
-        if mode not in ("quick", "full"):
-            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
-        return cls.quick() if mode == "quick" else cls.full()
 
     def data(self) -> TranslationData:
         """The prepared data of this configuration (:func:`attnbook.data.translation.prepare_translation`)."""
