@@ -1,0 +1,381 @@
+"""The padding-mask experiments of chapter 5: does masking attention pooling over zero-padded states change accuracy?
+
+Chapter 5, "Seq2vec attention and the padding-mask experiments" (``chapters/05_seq2vec_masking``). One *run* trains
+one :class:`attnbook.models.BiGRUClassifier` under one *condition* with one *seed* and measures it. A seed fixes the
+initialization and the data order, so runs with the same seed are paired across conditions.
+
+A condition is a dict of factors (:func:`conditions` builds the grids):
+
+- ``pooling``: ``"attention"`` or a baseline ``"mean"``, ``"uniform"``, ``"last"`` (:mod:`attnbook.pooling`);
+- ``masking``: ``"none"``, ``"renormalize"``, ``"additive"``, ``"neg_inf"`` (attention pooling only);
+- ``rnn_input``: ``"packed"`` (pad states are exactly 0), ``"unpacked"`` (post-padding, the GRU runs over the pads)
+  or ``"unpacked-pre"`` (pre-padding);
+- ``batching``: ``"random"`` or ``"bucketed"`` (:mod:`attnbook.batching`), for training and evaluation;
+- ``precision``: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (``torch.autocast``; fp16 with a ``GradScaler``).
+
+Grids: ``"core"`` (what the chapter's GPU cells run: 4 maskings x packed/unpacked x random/bucketed, fp32, plus the
+masked-mean baseline), ``"full"`` (the full factorial: 4 maskings x 3 inputs x 2 batchings x 3 precisions, and the
+three baselines x 3 inputs x 2 batchings in fp32) and ``"quick"`` (the documented subset of quick mode).
+
+From the command line (resumable: finished runs in ``--out`` are skipped, each finished run is appended at once)::
+
+    python -m attnbook.experiments.masking --mode full --out results/masking_full.csv --workers 4
+    python -m attnbook.experiments.masking --mode full --grid core --seeds 20 --out results/masking_core.csv
+
+Provenance (device, versions, commit, date, wall time) goes into every row and into ``<out>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..batching import BucketBatchSampler, RandomBatchSampler, padding_fraction
+from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
+from ..models import BiGRUClassifier, padding_mask
+from ..pooling import MASKINGS, pool_weights
+from ..provenance import provenance
+from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, seed_everything
+
+__all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid", "main",
+           "RESULT_COLUMNS"]
+
+INPUTS = ("packed", "unpacked", "unpacked-pre")
+BATCHINGS = ("random", "bucketed")
+PRECISIONS = ("fp32", "bf16", "fp16")
+BASELINES = ("mean", "uniform", "last")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+#: The columns of one run's row, after the condition's factors and ``seed``.
+RESULT_COLUMNS = ("test_accuracy", "val_accuracy", "pad_mass", "flip_rate", "nan_count", "zero_state_score",
+                  "pad_score_mean", "real_score_mean", "real_score_std", "real_below_zero_state", "padding_fraction",
+                  "tokens_per_s", "train_time_s")
+
+
+@dataclass(frozen=True)
+class MaskingConfig(ModeConfig):
+    """Data, model, training and grid of the masking experiments (quick: a 2-core CPU; full: a GPU, as the paper).
+
+    Sizes are in reviews and tokens; ``None`` means all of the split. ``repad_to`` is the length (tokens) to which
+    test reviews are re-padded for the flip rate.
+    """
+
+    source: str = "imdb"
+    n_train: int | None = 1200
+    n_eval: int | None = 500
+    max_len: int = 200
+    vocab_size: int = 5_000
+    embed_size: int = 32
+    hidden_size: int = 16
+    attention_size: int = 16
+    batch_size: int = 32
+    epochs: int = 2
+    lr: float = 3e-3
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    grid: str = "quick"
+    repad_to: int = 400
+    split_seed: int = 0
+    eval_batch_size: int = 250
+    threads: int = 1
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def quick(cls) -> "MaskingConfig":
+        """1,200 training reviews cut to 200 tokens, a small BiGRU, 2 epochs, 5 seeds, the ``"quick"`` grid."""
+        return cls()
+
+    @classmethod
+    def full(cls) -> "MaskingConfig":
+        """All reviews (80/10/10 split) cut to 400 tokens, Yang et al.'s sizes (200, 50, 100), batch 64,
+        3 epochs, 20 seeds, the full factorial."""
+        return cls(n_train=None, n_eval=None, max_len=400, vocab_size=20_000, embed_size=200, hidden_size=50,
+                   attention_size=100, batch_size=64, epochs=3, lr=1e-3, seeds=tuple(range(20)), grid="full",
+                   repad_to=800, eval_batch_size=500)
+
+
+def conditions(grid: str) -> list[dict]:
+    """The conditions of ``grid`` (``"quick"``, ``"core"`` or ``"full"``) as dicts with the keys ``pooling``,
+    ``masking``, ``rnn_input``, ``batching``, ``precision`` (``masking`` is ``"-"`` for baselines).
+
+    Raises:
+        ValueError: unknown grid.
+    """
+    def attention(maskings, inputs, batchings, precisions):
+        return [dict(pooling="attention", masking=m, rnn_input=i, batching=b, precision=p)
+                for i, b, p, m in itertools.product(inputs, batchings, precisions, maskings)]
+
+    def baseline(poolings, inputs, batchings):
+        return [dict(pooling=k, masking="-", rnn_input=i, batching=b, precision="fp32")
+                for i, b, k in itertools.product(inputs, batchings, poolings)]
+
+    if grid == "quick":
+        return attention(MASKINGS, ("packed", "unpacked"), ("random",), ("fp32",)) + baseline(("mean",), ("packed",),
+                                                                                             ("random",))
+    if grid == "core":
+        return (attention(MASKINGS, ("packed", "unpacked"), BATCHINGS, ("fp32",))
+                + baseline(("mean",), ("packed", "unpacked"), BATCHINGS))
+    if grid == "full":
+        return attention(MASKINGS, INPUTS, BATCHINGS, PRECISIONS) + baseline(BASELINES, INPUTS, BATCHINGS)
+    raise ValueError(f"grid must be 'quick', 'core' or 'full', got {grid!r}")
+
+
+def condition_id(condition: dict) -> str:
+    """A readable key such as ``"attention/neg_inf/packed/random/fp32"``."""
+    return "/".join(str(condition[k]) for k in ("pooling", "masking", "rnn_input", "batching", "precision"))
+
+
+def prepare_data(cfg: MaskingConfig) -> dict:
+    """Load, deduplicate and split the reviews (:mod:`attnbook.data.reviews`), build the vocabulary on the
+    training split, and encode every split to NumPy arrays ``ids`` int32 ``(n, max_len)`` (right-padded with 0),
+    ``lengths`` int64 ``(n,)`` and ``labels`` int64 ``(n,)``. Returns ``{"vocab_size": int, "train": {...},
+    "validation": {...}, "test": {...}}``."""
+    splits = split_reviews(load_reviews(cfg.source), seed=cfg.split_seed)
+    caps = {"train": cfg.n_train, "validation": cfg.n_eval, "test": cfg.n_eval}
+    splits = {k: df if caps[k] is None else df.iloc[: caps[k]] for k, df in splits.items()}
+    vocab = build_vocab(splits["train"].text, min_freq=2, max_size=cfg.vocab_size)
+    data: dict = {"vocab_size": len(vocab)}
+    for name, df in splits.items():
+        ids, lengths = encode(df.text, vocab, cfg.max_len)
+        data[name] = {"ids": ids.numpy().astype(np.int32), "lengths": lengths.numpy(),
+                      "labels": df.label.to_numpy(dtype=np.int64)}
+    return data
+
+
+def _batch(part: dict, index, side: str, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ids ``(B, T)`` padded on ``side`` to the longest review of the batch (or to ``length``), lengths, labels."""
+    index = np.asarray(index)
+    lengths = torch.from_numpy(part["lengths"][index])
+    width = int(lengths.max()) if length is None else length
+    stored = torch.from_numpy(part["ids"][index, : min(width, part["ids"].shape[1])].astype(np.int64))
+    ids = F.pad(stored, (0, width - stored.shape[1]))
+    if side == "pre":  # move each row's pads to the front
+        positions = (torch.arange(width) - (width - lengths).unsqueeze(1)) % width
+        ids = ids.gather(1, positions)
+    return ids, lengths, torch.from_numpy(part["labels"][index])
+
+
+def _sampler(batching: str, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True):
+    if batching == "bucketed":
+        return BucketBatchSampler(lengths, batch_size, shuffle=shuffle, seed=seed)
+    return RandomBatchSampler(lengths, batch_size, shuffle=True, seed=seed)
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=_DTYPES[precision])
+
+
+@torch.no_grad()
+def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingConfig, device: torch.device,
+              repad_to: int | None = None, seed: int = 12345) -> dict:
+    """Predictions and attention statistics on ``part`` under the condition's batching (fixed eval order)."""
+    model.eval()
+    side = "pre" if condition["rnn_input"] == "unpacked-pre" else "post"
+    n = len(part["labels"])
+    preds = np.zeros(n, dtype=np.int64)
+    pad_mass, pad_scores, real_scores, nan_count = np.zeros(n), [], [], 0
+    for index in _sampler(condition["batching"], part["lengths"], cfg.eval_batch_size, seed, shuffle=False):
+        ids, lengths, _ = _batch(part, index, side, repad_to)
+        ids, lengths = ids.to(device), lengths.to(device)
+        with _autocast(device, condition["precision"]):
+            logits, weights = model(ids, lengths)
+            attention = model.pooling.attention
+            if attention is not None and repad_to is None:
+                states = model.encoder(model.embedding(ids), lengths)
+                scores = attention.scores(states).float()
+                mask = padding_mask(lengths, ids.shape[1], side)
+                real_scores.append(scores[mask].cpu().numpy())
+                pad_scores.append(scores[~mask].cpu().numpy())
+        logits, weights = logits.float(), weights.float()
+        nan_count += int((~torch.isfinite(logits)).any(-1).sum())
+        preds[index] = logits.argmax(-1).cpu().numpy()
+        mask = padding_mask(lengths, ids.shape[1], side)
+        pad_mass[index] = (weights * ~mask).sum(-1).cpu().numpy()
+    out = {"preds": preds, "accuracy": float((preds == part["labels"]).mean()), "pad_mass": float(pad_mass.mean()),
+           "nan_count": nan_count}
+    if real_scores:
+        real = np.concatenate(real_scores)
+        pads = np.concatenate(pad_scores) if pad_scores else np.zeros(0)
+        zero = model.pooling.attention.zero_state_score()
+        out.update(zero_state_score=zero, pad_score_mean=float(pads.mean()) if pads.size else float("nan"),
+                   real_score_mean=float(real.mean()), real_score_std=float(real.std()),
+                   real_below_zero_state=float((real < zero).mean()))
+    return out
+
+
+def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: torch.device | str = "cpu") -> dict:
+    """Train one model under ``condition`` with ``seed`` and measure it; returns the row (factors, ``seed``,
+    :data:`RESULT_COLUMNS`, ``device``).
+
+    Measured: test and validation accuracy (the condition's batching; test reviews in a fixed order); ``pad_mass``,
+    the mean attention weight on pad positions over test reviews; ``flip_rate``, the share of test reviews whose
+    prediction changes when they are re-padded to ``cfg.repad_to`` tokens; ``nan_count``, non-finite training
+    losses (their steps are skipped) plus test reviews with non-finite logits; the score of an all-zero state
+    ``tanh(b) . u_w`` against the scores of real tokens (argument 1) and the mean score at pad positions;
+    ``padding_fraction`` of the training batches and real ``tokens_per_s`` in training (argument 2); and
+    ``train_time_s`` (seconds). Statistics that do not apply (e.g. scores without attention pooling) are NaN.
+    """
+    device = torch.device(device)
+    torch.set_num_threads(cfg.threads)
+    seed_everything(seed)
+    model = BiGRUClassifier(
+        data["vocab_size"], cfg.embed_size, cfg.hidden_size, cfg.attention_size, pooling=condition["pooling"],
+        masking=condition["masking"] if condition["pooling"] == "attention" else "neg_inf",
+        packed=condition["rnn_input"] == "packed",
+        padding_side="pre" if condition["rnn_input"] == "unpacked-pre" else "post").to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=condition["precision"] == "fp16")
+    train = data["train"]
+    sampler = _sampler(condition["batching"], train["lengths"], cfg.batch_size, seed)
+    side = "pre" if condition["rnn_input"] == "unpacked-pre" else "post"
+    nan_steps, tokens, batches_seen = 0, 0, []
+    start = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        sampler.set_epoch(epoch)
+        model.train()
+        for index in sampler:
+            ids, lengths, labels = (t.to(device) for t in _batch(train, index, side))
+            with _autocast(device, condition["precision"]):
+                logits, _ = model(ids, lengths)
+            loss = F.cross_entropy(logits.float(), labels)
+            if not torch.isfinite(loss):
+                nan_steps += 1
+                optimizer.zero_grad(set_to_none=True)
+                continue
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            tokens += int(lengths.sum())
+            batches_seen.append(list(index))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    train_time = time.perf_counter() - start
+    val = _evaluate(model, data["validation"], condition, cfg, device)
+    test = _evaluate(model, data["test"], condition, cfg, device)
+    repadded = _evaluate(model, data["test"], condition, cfg, device, repad_to=cfg.repad_to)
+    nan = float("nan")
+    return {**condition, "seed": seed, "test_accuracy": test["accuracy"], "val_accuracy": val["accuracy"],
+            "pad_mass": test["pad_mass"], "flip_rate": float((repadded["preds"] != test["preds"]).mean()),
+            "nan_count": nan_steps + test["nan_count"], "zero_state_score": test.get("zero_state_score", nan),
+            "pad_score_mean": test.get("pad_score_mean", nan), "real_score_mean": test.get("real_score_mean", nan),
+            "real_score_std": test.get("real_score_std", nan),
+            "real_below_zero_state": test.get("real_below_zero_state", nan),
+            "padding_fraction": padding_fraction(train["lengths"], batches_seen) if batches_seen else nan,
+            "tokens_per_s": tokens / train_time if train_time > 0 else nan, "train_time_s": train_time,
+            "device": describe_device(device)}
+
+
+def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: str) -> dict:
+    return run_one(cfg, data, condition, seed, device)
+
+
+def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, out: str | Path | None = None,
+             device: torch.device | str | None = None, show_progress: bool = True) -> pd.DataFrame:
+    """Every (condition of ``cfg.grid``, seed of ``cfg.seeds``) run, seed by seed, as one DataFrame.
+
+    Args:
+        cfg: the configuration.
+        data: from :func:`prepare_data` (loaded if None).
+        workers: local processes (``joblib``, loky backend); 1 runs in this process. On a machine with several
+            GPUs the runs are dealt out over them.
+        out: a CSV file; runs already in it (same condition and seed) are skipped, and every finished run is
+            appended at once, so that an interrupted grid resumes where it stopped.
+        device: default :func:`attnbook.runtime.get_device`.
+        show_progress: a progress bar over runs.
+
+    Returns:
+        One row per run (:func:`run_one`), the stored ones included, sorted by condition and seed.
+    """
+    device = torch.device(device) if device is not None else get_device()
+    data = prepare_data(cfg) if data is None else data
+    out = Path(out) if out is not None else None
+    done = pd.read_csv(out) if out is not None and out.exists() and out.stat().st_size else pd.DataFrame()
+    finished = set(zip(done.apply(condition_id, axis=1), done.seed)) if len(done) else set()
+    tasks = [(c, s) for s in cfg.seeds for c in conditions(cfg.grid) if (condition_id(c), s) not in finished]
+    n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    devices = [f"cuda:{i % n_gpus}" if n_gpus > 1 else str(device) for i in range(len(tasks))]
+    rows = []
+    bar = progress(total=len(tasks), desc="runs", disable=not show_progress)
+    if workers <= 1:
+        results = (_task(cfg, data, c, s, d) for (c, s), d in zip(tasks, devices))
+    else:
+        from joblib import Parallel, delayed
+
+        results = Parallel(n_jobs=workers, backend="loky", return_as="generator_unordered")(
+            delayed(_task)(cfg, data, c, s, d) for (c, s), d in zip(tasks, devices))
+    for row in results:
+        rows.append(row)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame([row]).to_csv(out, mode="a", header=not out.exists() or out.stat().st_size == 0,
+                                       index=False)
+        bar.update(1)
+    bar.close()
+    frame = pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
+    keys = ["pooling", "masking", "rnn_input", "batching", "precision", "seed"]
+    return frame.sort_values(keys, kind="stable").reset_index(drop=True) if len(frame) else frame
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    """The command line (see the module docstring); writes ``--out`` and its provenance ``<out>.json``."""
+    parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.masking", description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
+    parser.add_argument("--grid", choices=("quick", "core", "full"), default=None, help="default: the mode's grid")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default: the mode's")
+    parser.add_argument("--source", choices=("imdb", "rotten_tomatoes"), default=None)
+    parser.add_argument("--workers", type=int, default=1, help="local processes (joblib)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per worker")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--out", default="results/masking_full.csv")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = MaskingConfig.for_mode(args.mode)
+    changes = {k: v for k, v in dict(grid=args.grid, source=args.source, threads=args.threads).items() if v is not None}
+    if args.seeds is not None:
+        changes["seeds"] = tuple(range(args.seeds))
+    cfg = replace(cfg, **changes)
+    device = torch.device(args.device) if args.device else get_device()
+    out = Path(args.out)
+    meta_path = out.with_suffix(".json")
+    previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    start = time.perf_counter()
+    frame = run_grid(cfg, workers=args.workers, out=out, device=device, show_progress=not args.no_progress)
+    wall = time.perf_counter() - start
+    record = provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(),
+                        config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
+                        cpu_count=os.cpu_count(), n_runs=len(frame),
+                        n_seeds_complete=_complete_seeds(frame, cfg),
+                        sessions=previous.get("sessions", []) + [{"date_utc": None, "wall_time_s": round(wall, 2)}])
+    record["sessions"][-1]["date_utc"] = record["date_utc"]
+    record["sessions"][-1]["commit"] = record["commit"]
+    record["sessions"][-1]["device"] = record["device"]
+    record["total_wall_time_s"] = round(sum(s["wall_time_s"] for s in record["sessions"]), 2)
+    meta_path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    print(f"{len(frame)} runs in {out}; provenance in {meta_path}")
+    return frame
+
+
+def _complete_seeds(frame: pd.DataFrame, cfg: MaskingConfig) -> int:
+    """How many seeds have a run in every condition of the grid (complete paired sets)."""
+    if not len(frame):
+        return 0
+    wanted = {condition_id(c) for c in conditions(cfg.grid)}
+    per_seed = frame.assign(cid=frame.apply(condition_id, axis=1)).groupby("seed")["cid"].apply(set)
+    return int(sum(wanted <= ids for ids in per_seed))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
