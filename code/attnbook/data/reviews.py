@@ -31,11 +31,14 @@ from torch import Tensor
 
 from ..text import PAD_ID, Vocab, pad_batch, tokenize
 
-__all__ = ["SOURCES", "reviews_path", "clean_review", "load_reviews", "split_reviews", "build_vocab", "encode",
-           "tokenize"]
+__all__ = ["SOURCES", "SENTENCE_ENDS", "reviews_path", "clean_review", "load_reviews", "split_reviews", "build_vocab",
+           "encode", "encode_sentences", "tokenize"]
 
 #: The two sources in the file: IMDB reviews (Maas et al. 2011) and Rotten Tomatoes sentences (Pang and Lee 2005).
 SOURCES = ("imdb", "rotten_tomatoes")
+
+#: Tokens that end a sentence in :func:`encode_sentences` (the mark stays in the sentence).
+SENTENCE_ENDS = frozenset({".", "!", "?"})
 
 _BREAK = re.compile(r"<br\s*/?>", flags=re.IGNORECASE)
 _SPACE = re.compile(r"\s+")
@@ -159,3 +162,58 @@ def encode(texts: Iterable[str], vocab: Vocab, max_len: int) -> tuple[Tensor, Te
     if not sequences:
         return torch.full((0, max_len), PAD_ID, dtype=torch.long), torch.zeros(0, dtype=torch.long)
     return pad_batch(sequences, pad_id=PAD_ID, length=max_len)
+
+
+def encode_sentences(texts: Iterable[str], vocab: Vocab, max_sentences: int,
+                     max_words: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Tokenize, split into sentences, truncate, map to ids and pad to ``(max_sentences, max_words)``: the input of
+    :class:`attnbook.models.HAN`.
+
+    A sentence ends at a token in :data:`SENTENCE_ENDS` (``.``, ``!``, ``?``), which stays in the sentence. A run of
+    end marks (``"..."``, ``"?!"``) ends one sentence, and marks before any word join the next sentence, so no
+    sentence is empty or made of end marks alone (unless the text has nothing else); tokens after the last end mark
+    form a final sentence. Each text keeps its first ``max_sentences`` sentences and each sentence its first
+    ``max_words`` tokens. Example: ``"Good film... Really!"`` -> ``[["good", "film", ".", ".", "."],
+    ["really", "!"]]``.
+
+    Args:
+        texts: review texts.
+        vocab: the vocabulary (unknown tokens -> ``<unk>``).
+        max_sentences: the padded number of sentences per text, >= 1.
+        max_words: the padded number of tokens per sentence, >= 1.
+
+    Returns:
+        ``(ids, word_lengths, sentence_lengths)``: int64 ``(n, max_sentences, max_words)`` padded with
+        ``<pad>`` = 0; int64 ``(n, max_sentences)``, the tokens of each sentence (0 for a padded sentence); int64
+        ``(n,)``, the sentences of each text, >= 1 (a text with no token at all gets one sentence of one
+        ``<unk>``). Sentence ``s`` of text ``i`` is real when ``s < sentence_lengths[i]``, and its mask is
+        ``attnbook.masking.lengths_to_mask(word_lengths[i], max_words)`` (True = a real token). Chapter 5, section
+        "HAN: fully padded sentences".
+
+    Raises:
+        ValueError: ``max_sentences < 1`` or ``max_words < 1``.
+    """
+    if max_sentences < 1:
+        raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
+    if max_words < 1:
+        raise ValueError(f"max_words must be >= 1, got {max_words}")
+    documents = []
+    for text in texts:
+        sentences, current, closing = [], [], False
+        for token in tokenize(text):
+            if closing and token not in SENTENCE_ENDS:  # the first word after a run of end marks
+                sentences.append(current)
+                current, closing = [], False
+            current.append(token)
+            closing = closing or (token in SENTENCE_ENDS and len(current) > sum(t in SENTENCE_ENDS for t in current))
+        if current:
+            sentences.append(current)
+        documents.append([vocab.encode(s[:max_words]) for s in sentences[:max_sentences]] or [[vocab.unk_id]])
+    ids = torch.full((len(documents), max_sentences, max_words), PAD_ID, dtype=torch.long)
+    word_lengths = torch.zeros(len(documents), max_sentences, dtype=torch.long)
+    for i, sentences in enumerate(documents):
+        for j, sentence in enumerate(sentences):
+            ids[i, j, : len(sentence)] = torch.tensor(sentence, dtype=torch.long)
+            word_lengths[i, j] = len(sentence)
+    sentence_lengths = torch.tensor([len(s) for s in documents], dtype=torch.long)
+    return ids, word_lengths, sentence_lengths
