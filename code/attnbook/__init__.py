@@ -10,6 +10,10 @@ One module per concept (see the chapter → module table in the repository's REA
 - :mod:`attnbook.seq2seq` -- GRU encoder-decoder with pluggable attention, greedy decoding and beam search
   (chapter "Sequence to sequence with attention"); data in :mod:`attnbook.data.translation`, the experiment and
   its CLI in :mod:`attnbook.experiments.seq2seq`.
+- :mod:`attnbook.pooling`, :mod:`attnbook.models`, :mod:`attnbook.batching`, :mod:`attnbook.stats` -- attention
+  pooling with four padding treatments, the BiGRU classifier and HAN, length bucketing, and paired-seed statistics
+  (chapter "Seq2vec attention and the padding-mask experiments"); the experiment grid and its resumable CLI in
+  :mod:`attnbook.experiments.masking`.
 - :mod:`attnbook.nli` -- the decomposable attention model, masked on both sides (chapter "Natural language inference
   with the decomposable attention model"); data (generated natural-logic pairs, SNLI) in :mod:`attnbook.data.nli`,
   the experiments and their CLI in :mod:`attnbook.experiments.nli`.
