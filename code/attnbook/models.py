@@ -91,10 +91,10 @@ class BiGRUClassifier(nn.Module):
                  num_classes: int = 2, pooling: str = "attention", masking: str = "neg_inf", packed: bool = True,
                  padding_side: str = "post") -> None:
         super().__init__()
-        if packed and padding_side != "post":
-            raise ValueError("a packed encoder needs padding_side='post' (pack_padded_sequence expects trailing pads)")
         if padding_side not in ("post", "pre"):
             raise ValueError(f"padding_side must be 'post' or 'pre', got {padding_side!r}")
+        if packed and padding_side != "post":
+            raise ValueError("a packed encoder needs padding_side='post' (pack_padded_sequence expects trailing pads)")
         self.padding_side = padding_side
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=0)
         self.encoder = BiGRUEncoder(embed_size, hidden_size, packed)
@@ -119,8 +119,10 @@ class HAN(nn.Module):
     Both levels are a packed BiGRU and :class:`attnbook.pooling.AttentionPooling` with the same ``masking``.
     Documents are padded with empty sentences (word length 0): their word-level attention row has no valid
     position. Under ``"neg_inf"`` (:func:`attnbook.masking.masked_softmax`) that row is all zeros and the sentence
-    vector is 0, which the sentence-level mask then excludes; under ``"neg_inf_unsafe"`` it is NaN, and so is the
-    loss (chapter 5, section "HAN: fully padded sentences").
+    vector is 0, which the sentence-level mask then excludes. Under ``"neg_inf_unsafe"`` it is NaN; the packed
+    sentence GRU never reads those vectors, so the first loss is finite, but the backward pass puts NaN into the word
+    encoder's gradients and the loss is NaN from the next step on (chapter 5, section "HAN: fully padded
+    sentences").
 
     Args:
         vocab_size, embed_size, hidden_size, attention_size, num_classes: as :class:`BiGRUClassifier`.

@@ -131,13 +131,14 @@ class Pooling(nn.Module):
     - ``"mean"``: mean of the valid states (uniform attention over the real tokens);
     - ``"uniform"``: mean over every position, pads included (uniform attention without a mask);
     - ``"last"``: the last valid state of each direction: for a bidirectional encoder, the forward half at the last
-      real token and the backward half at the first real token (``padding_side`` says where the pads are).
+      real token and the backward half at the first real token (the mask says where the pads are; every row needs
+      one real position).
 
     Call: ``pool(states (B, T, D), mask (B, T) bool)`` -> ``(pooled (B, D), weights (B, T))``; True in the mask =
     the position takes part. For ``"last"`` the weights are the one-hot positions of the forward half.
 
     Raises:
-        ValueError: unknown ``kind`` or ``padding_side``.
+        ValueError: unknown ``kind``.
     """
 
     def __init__(self, kind: str, input_size: int, attention_size: int = 100, masking: str = "neg_inf",

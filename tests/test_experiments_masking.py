@@ -1,0 +1,241 @@
+"""Smoke and consistency tests of chapter 5's masking experiments on a tiny configuration: the grids, one run's
+metrics against what the model makes them (zero pad states, exact zero pad weights, token counts), determinism of
+a seed, the resumable CSV of ``run_grid`` (skips, re-runs), the command line with its provenance, and joblib workers.
+
+The real reviews are used, but only 60 + 40 + 40 Rotten Tomatoes sentences (they vary in length, so batches carry
+padding; IMDB reviews cut to a few tokens would not)."""
+
+import json
+import math
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from attnbook.experiments import masking as ex
+from attnbook.experiments.masking import (RESULT_COLUMNS, MaskingConfig, condition_id, conditions, prepare_data,
+                                          run_grid, run_one)
+
+TINY = replace(MaskingConfig.quick(), source="rotten_tomatoes", n_train=60, n_eval=40, max_len=40, epochs=1,
+               batch_size=20, seeds=(0, 1), embed_size=8, hidden_size=4, attention_size=4, repad_to=60,
+               eval_batch_size=40)
+TIMING = ["train_time_s", "tokens_per_s"]
+KEYS = ["pooling", "masking", "rnn_input", "batching", "precision", "seed"]
+
+
+def cond(pooling="attention", masking="neg_inf", rnn_input="packed", batching="random", precision="fp32"):
+    return dict(pooling=pooling, masking=masking, rnn_input=rnn_input, batching=batching, precision=precision)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are tiny: on a busy 2-core machine, two torch threads make them many times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return prepare_data(TINY)
+
+
+@pytest.fixture(scope="module")
+def rows(data):
+    """One run per condition of interest, seed 0 (shared by several tests)."""
+    wanted = [cond(), cond(masking="none"), cond(masking="additive"), cond(masking="renormalize"),
+              cond(rnn_input="unpacked"), cond(pooling="mean", masking="-")]
+    return {condition_id(c): run_one(TINY, data, c, seed=0, device="cpu") for c in wanted}
+
+
+# ---------------------------------------------------------------- grids
+def test_grid_sizes():
+    assert len(conditions("quick")) == 7
+    assert len(conditions("core")) == 20
+    assert len(conditions("full")) == 90  # 4 x 3 x 2 x 3 attention + 3 x 3 x 2 baselines
+
+
+@pytest.mark.parametrize("grid", ["quick", "core", "full"])
+def test_grid_has_no_duplicates_and_valid_factors(grid):
+    ids = [condition_id(c) for c in conditions(grid)]
+    assert len(ids) == len(set(ids))
+    for c in conditions(grid):
+        assert set(c) == {"pooling", "masking", "rnn_input", "batching", "precision"}
+        assert (c["masking"] == "-") == (c["pooling"] != "attention")
+        assert c["pooling"] == "attention" or c["precision"] == "fp32"
+
+
+def test_quick_and_core_are_subsets_of_full():
+    full = {condition_id(c) for c in conditions("full")}
+    assert {condition_id(c) for c in conditions("core")} <= full
+    assert {condition_id(c) for c in conditions("quick")} <= full
+    assert condition_id(cond()) == "attention/neg_inf/packed/random/fp32"
+
+
+def test_unknown_grid():
+    with pytest.raises(ValueError, match="grid must be 'quick', 'core' or 'full', got 'tiny'"):
+        conditions("tiny")
+
+
+# ---------------------------------------------------------------- data
+def test_prepare_data_shapes_and_padding(data):
+    assert data["vocab_size"] > 4
+    for name, n in [("train", 60), ("validation", 40), ("test", 40)]:
+        part = data[name]
+        assert part["ids"].shape == (n, 40) and part["ids"].dtype.name == "int32"
+        assert part["lengths"].shape == part["labels"].shape == (n,)
+        assert ((1 <= part["lengths"]) & (part["lengths"] <= 40)).all()
+        assert set(part["labels"]) <= {0, 1}
+        real = torch.arange(40) < torch.from_numpy(part["lengths"]).unsqueeze(1)
+        assert torch.equal(torch.from_numpy(part["ids"]) != 0, real)  # right-padded with 0, no 0 inside a review
+    assert data["train"]["lengths"].min() < data["train"]["lengths"].max()  # the batches carry padding
+
+
+# ---------------------------------------------------------------- one run
+def test_run_one_row_has_every_column(rows):
+    for cid, row in rows.items():
+        assert list(row)[:6] == KEYS and set(RESULT_COLUMNS) <= set(row) and "device" in row
+        for column in ("test_accuracy", "val_accuracy", "pad_mass", "flip_rate", "padding_fraction", "tokens_per_s",
+                       "train_time_s"):
+            assert math.isfinite(row[column]), (cid, column)
+        assert 0 <= row["test_accuracy"] <= 1 and 0 <= row["val_accuracy"] <= 1 and 0 <= row["flip_rate"] <= 1
+        assert row["nan_count"] == 0
+        assert 0 < row["padding_fraction"] < 1
+
+
+def test_tokens_per_second_counts_the_real_training_tokens(rows, data):
+    tokens = TINY.epochs * int(data["train"]["lengths"].sum())
+    for row in rows.values():
+        assert row["tokens_per_s"] * row["train_time_s"] == pytest.approx(tokens, rel=1e-9)
+
+
+def test_masked_packed_run_gives_pads_nothing_and_never_flips(rows):
+    for masking in ("neg_inf", "additive", "renormalize"):
+        row = rows[condition_id(cond(masking=masking))]
+        assert row["pad_mass"] == pytest.approx(0, abs=1e-12) and row["flip_rate"] == 0
+    assert rows[condition_id(cond())]["pad_mass"] == 0  # exactly, for -inf
+
+
+def test_unmasked_run_puts_attention_on_pads(rows):
+    assert rows[condition_id(cond(masking="none"))]["pad_mass"] > 0.01
+
+
+def test_packed_pad_score_is_the_zero_state_score(rows):
+    """Pad states of a packed encoder are exactly 0, so every pad scores tanh(b) . u_w."""
+    for masking in ("none", "neg_inf"):
+        row = rows[condition_id(cond(masking=masking))]
+        assert math.isfinite(row["zero_state_score"])
+        assert row["pad_score_mean"] == pytest.approx(row["zero_state_score"], abs=1e-6)
+        assert 0 <= row["real_below_zero_state"] <= 1 and row["real_score_std"] > 0
+    unpacked = rows[condition_id(cond(rnn_input="unpacked"))]
+    assert unpacked["pad_mass"] == 0  # masked
+    assert abs(unpacked["pad_score_mean"] - unpacked["zero_state_score"]) > 1e-4  # the GRU moved the pad states
+
+
+def test_baseline_has_no_score_statistics(rows):
+    row = rows[condition_id(cond(pooling="mean", masking="-"))]
+    assert row["pad_mass"] == 0 and row["flip_rate"] == 0
+    for column in ("zero_state_score", "pad_score_mean", "real_score_mean", "real_score_std", "real_below_zero_state"):
+        assert math.isnan(row[column])
+
+
+def test_equivalent_masks_give_paired_runs(rows):
+    """Same seed, same initial weights and batches: -inf, additive and renormalized masks train the same model up to
+    rounding."""
+    reference = rows[condition_id(cond())]
+    for masking in ("additive", "renormalize"):
+        row = rows[condition_id(cond(masking=masking))]
+        assert row["real_score_mean"] == pytest.approx(reference["real_score_mean"], rel=1e-4)
+        assert row["padding_fraction"] == reference["padding_fraction"]
+
+
+def test_same_seed_same_row(rows, data):
+    again = run_one(TINY, data, cond(masking="none"), seed=0, device="cpu")
+    first = rows[condition_id(cond(masking="none"))]
+    for key, value in first.items():
+        if key not in TIMING:
+            same = again[key] == value or (isinstance(value, float) and math.isnan(value) and math.isnan(again[key]))
+            assert same, key
+    other = run_one(TINY, data, cond(masking="none"), seed=1, device="cpu")
+    assert other["real_score_mean"] != first["real_score_mean"]
+
+
+# ---------------------------------------------------------------- run_grid: resumable CSV
+@pytest.fixture()
+def two_conditions(monkeypatch):
+    """A grid of 2 conditions (one with masking 'none', one baseline with '-': both must survive the CSV round trip)
+    and a counter of the runs actually trained."""
+    chosen = [cond(masking="none"), cond(pooling="mean", masking="-")]
+    monkeypatch.setattr(ex, "conditions", lambda grid: [dict(c) for c in chosen])
+    calls = []
+    real_run_one = ex.run_one
+
+    def counting(cfg, data, condition, seed, device="cpu"):
+        calls.append((condition_id(condition), seed))
+        return real_run_one(cfg, data, condition, seed, device)
+
+    monkeypatch.setattr(ex, "run_one", counting)
+    return calls
+
+
+def _metrics(frame):
+    return frame.drop(columns=TIMING).sort_values(KEYS).reset_index(drop=True)
+
+
+def test_run_grid_writes_skips_and_resumes(tmp_path, data, two_conditions):
+    calls, out = two_conditions, tmp_path / "r.csv"
+    first = run_grid(TINY, data, out=out, device="cpu", show_progress=False)
+    assert len(calls) == 4 and len(first) == 4
+    order = list(first[KEYS].itertuples(index=False, name=None))
+    assert order == sorted(order)
+    stored = pd.read_csv(out)
+    assert len(stored) == 4 and not stored.duplicated(["pooling", "masking", "seed"]).any()
+    assert set(stored.masking) == {"none", "-"}
+
+    second = run_grid(TINY, data, out=out, device="cpu", show_progress=False)
+    assert len(calls) == 4  # nothing new trained
+    assert len(second) == 4 and len(pd.read_csv(out)) == 4
+    pd.testing.assert_frame_equal(_metrics(second), _metrics(first), check_dtype=False)
+
+    kept = stored[~((stored.masking == "none") & (stored.seed == 1))]  # lose one run
+    kept.to_csv(out, index=False)
+    third = run_grid(TINY, data, out=out, device="cpu", show_progress=False)
+    assert calls[4:] == [(condition_id(cond(masking="none")), 1)]
+    final = pd.read_csv(out)
+    assert len(third) == len(final) == 4 and not final.duplicated(["pooling", "masking", "seed"]).any()
+    pd.testing.assert_frame_equal(_metrics(third), _metrics(first), check_dtype=False)
+
+
+def test_run_grid_with_two_workers_matches_one(tmp_path, data, two_conditions):
+    """joblib (loky) workers: the same rows as in this process. Most of the time is the workers' start-up."""
+    cfg = replace(TINY, seeds=(1,))
+    one = run_grid(cfg, data, device="cpu", show_progress=False)
+    two = run_grid(cfg, data, workers=2, out=tmp_path / "w.csv", device="cpu", show_progress=False)
+    assert len(two) == len(pd.read_csv(tmp_path / "w.csv")) == 2
+    pd.testing.assert_frame_equal(_metrics(two), _metrics(one), check_dtype=False)
+
+
+# ---------------------------------------------------------------- the command line
+def test_main_writes_csv_and_provenance(tmp_path, monkeypatch):
+    monkeypatch.setattr(MaskingConfig, "quick", classmethod(lambda cls: TINY))
+    out = tmp_path / "m.csv"
+    argv = ["--mode", "quick", "--seeds", "1", "--out", str(out), "--no-progress", "--device", "cpu"]
+    frame = ex.main(argv)
+    assert len(frame) == 7 and set(frame.seed) == {0}
+    stored = pd.read_csv(out)
+    assert len(stored) == 7
+    assert set(stored.apply(condition_id, axis=1)) == {condition_id(c) for c in conditions("quick")}
+    meta = json.loads(out.with_suffix(".json").read_text())
+    for key in ("device", "torch", "commit", "date_utc", "wall_time_s", "sessions", "n_seeds_complete"):
+        assert key in meta, key
+    assert meta["n_seeds_complete"] == 1 and meta["n_runs"] == 7 and meta["torch"] == torch.__version__
+    assert meta["config"]["seeds"] == [0] and meta["config"]["source"] == "rotten_tomatoes"
+    assert len(meta["sessions"]) == 1 and meta["sessions"][0]["date_utc"] == meta["date_utc"]
+
+    again = ex.main(argv)  # resumes: nothing new, one more session
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert len(again) == 7 and len(pd.read_csv(out)) == 7
+    assert len(meta["sessions"]) == 2
+    assert meta["total_wall_time_s"] == pytest.approx(sum(s["wall_time_s"] for s in meta["sessions"]), abs=0.02)
