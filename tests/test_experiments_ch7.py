@@ -13,13 +13,7 @@ from attnbook.experiments import attention_explanation as ex
 from attnbook.experiments import hard_attention as ha
 from attnbook.hard_attention import DecoderOutput
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: on a busy 2-core machine, two torch threads make them many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = replace(ha.HardAttentionConfig.quick(), n_train=64, n_test=32, n_curve_eval=16, steps=4, batch_size=8,

@@ -28,13 +28,7 @@ def cond(pooling="attention", masking="neg_inf", rnn_input="packed", batching="r
     return dict(pooling=pooling, masking=masking, rnn_input=rnn_input, batching=batching, precision=precision)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: on a busy 2-core machine, two torch threads make them many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +46,7 @@ def rows(data):
 
 # ---------------------------------------------------------------- grids
 def test_grid_sizes():
-    assert len(conditions("quick")) == 7
+    assert len(conditions("quick")) == 5
     assert len(conditions("core")) == 20
     assert len(conditions("full")) == 90  # 4 x 3 x 2 x 3 attention + 3 x 3 x 2 baselines
 
@@ -223,19 +217,19 @@ def test_main_writes_csv_and_provenance(tmp_path, monkeypatch):
     out = tmp_path / "m.csv"
     argv = ["--mode", "quick", "--seeds", "1", "--out", str(out), "--no-progress", "--device", "cpu"]
     frame = ex.main(argv)
-    assert len(frame) == 7 and set(frame.seed) == {0}
+    assert len(frame) == 5 and set(frame.seed) == {0}
     stored = pd.read_csv(out)
-    assert len(stored) == 7
+    assert len(stored) == 5
     assert set(stored.apply(condition_id, axis=1)) == {condition_id(c) for c in conditions("quick")}
     meta = json.loads(out.with_suffix(".json").read_text())
     for key in ("device", "torch", "commit", "date_utc", "wall_time_s", "sessions", "n_seeds_complete"):
         assert key in meta, key
-    assert meta["n_seeds_complete"] == 1 and meta["n_runs"] == 7 and meta["torch"] == torch.__version__
+    assert meta["n_seeds_complete"] == 1 and meta["n_runs"] == 5 and meta["torch"] == torch.__version__
     assert meta["config"]["seeds"] == [0] and meta["config"]["source"] == "rotten_tomatoes"
     assert len(meta["sessions"]) == 1 and meta["sessions"][0]["date_utc"] == meta["date_utc"]
 
     again = ex.main(argv)  # resumes: nothing new, one more session
     meta = json.loads(out.with_suffix(".json").read_text())
-    assert len(again) == 7 and len(pd.read_csv(out)) == 7
+    assert len(again) == 5 and len(pd.read_csv(out)) == 5
     assert len(meta["sessions"]) == 2
     assert meta["total_wall_time_s"] == pytest.approx(sum(s["wall_time_s"] for s in meta["sessions"]), abs=0.02)

@@ -13,13 +13,7 @@ from hypothesis import strategies as st
 from attnbook.models import HAN, BiGRUClassifier, BiGRUEncoder, padding_mask
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: on a busy 2-core machine, two torch threads make them slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 VOCAB = 30

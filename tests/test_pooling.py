@@ -9,13 +9,7 @@ from hypothesis import strategies as st
 from attnbook.pooling import MASKINGS, POOLINGS, UNSAFE, AttentionPooling, Pooling, pool_weights
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: on a busy 2-core machine, two torch threads make them slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 LENGTHS = [6, 3, 1, 4]
