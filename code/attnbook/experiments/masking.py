@@ -74,7 +74,7 @@ class MaskingConfig(ModeConfig):
     """
 
     source: str = "imdb"
-    n_train: int | None = 600
+    n_train: int | None = 400
     n_eval: int | None = 400
     max_len: int = 200
     vocab_size: int = 5_000
@@ -82,8 +82,8 @@ class MaskingConfig(ModeConfig):
     hidden_size: int = 16
     attention_size: int = 16
     batch_size: int = 50
-    epochs: int = 2
-    lr: float = 5e-3
+    epochs: int = 4
+    lr: float = 1e-2
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     grid: str = "quick"
     repad_to: int = 400
@@ -94,7 +94,7 @@ class MaskingConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "MaskingConfig":
-        """600 training reviews cut to 200 tokens, a small BiGRU (32, 16, 16), 2 epochs, 5 seeds, the ``"quick"`` grid."""
+        """400 training reviews cut to 200 tokens, a small BiGRU (32, 16, 16), 4 epochs, 5 seeds, the ``"quick"`` grid."""
         return cls()
 
     @classmethod
