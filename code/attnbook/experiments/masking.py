@@ -23,6 +23,7 @@ From the command line (resumable: finished runs in ``--out`` are skipped, each f
 
     python -m attnbook.experiments.masking --mode full --out results/masking_full.csv --workers 4
     python -m attnbook.experiments.masking --mode full --grid core --seeds 20 --out results/masking_core.csv
+    python -m attnbook.experiments.masking --mode full --only attention/none/packed/random/fp32,attention/neg_inf/packed/random/fp32
 
 Provenance (device, versions, commit, date, wall time) goes into every row and into ``<out>.json``.
 """
@@ -341,6 +342,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--grid", choices=("quick", "core", "full"), default=None, help="default: the mode's grid")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default: the mode's")
     parser.add_argument("--source", choices=("imdb", "rotten_tomatoes"), default=None)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated condition ids to run, e.g. attention/none/packed/random/fp32")
     parser.add_argument("--workers", type=int, default=1, help="local processes (joblib)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per worker")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -357,10 +360,16 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     meta_path = out.with_suffix(".json")
     previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     start = time.perf_counter()
-    frame = run_grid(cfg, workers=args.workers, out=out, device=device, show_progress=not args.no_progress)
+    only = args.only.split(",") if args.only else None
+    unknown = set(only or ()) - {condition_id(c) for c in conditions(cfg.grid)}
+    if unknown:
+        parser.error(f"--only names conditions that are not in the {cfg.grid!r} grid: {sorted(unknown)}")
+    frame = run_grid(cfg, workers=args.workers, out=out, device=device, show_progress=not args.no_progress,
+                     only=only)
     wall = time.perf_counter() - start
     record = provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(),
                         config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
+                        only=only,
                         cpu_count=os.cpu_count(), n_runs=len(frame),
                         n_seeds_complete=_complete_seeds(frame, cfg),
                         sessions=previous.get("sessions", []) + [{"date_utc": None, "wall_time_s": round(wall, 2)}])
