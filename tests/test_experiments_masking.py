@@ -233,3 +233,9 @@ def test_main_writes_csv_and_provenance(tmp_path, monkeypatch):
     assert len(again) == 5 and len(pd.read_csv(out)) == 5
     assert len(meta["sessions"]) == 2
     assert meta["total_wall_time_s"] == pytest.approx(sum(s["wall_time_s"] for s in meta["sessions"]), abs=0.02)
+
+
+def test_main_only_rejects_conditions_outside_the_grid(capsys):
+    with pytest.raises(SystemExit):
+        ex.main(["--mode", "quick", "--only", "attention/none/packed/bucketed/fp32", "--out", "/dev/null"])
+    assert "not in the 'quick' grid" in capsys.readouterr().err
