@@ -239,3 +239,12 @@ def test_main_only_rejects_conditions_outside_the_grid(capsys):
     with pytest.raises(SystemExit):
         ex.main(["--mode", "quick", "--only", "attention/none/packed/bucketed/fp32", "--out", "/dev/null"])
     assert "not in the 'quick' grid" in capsys.readouterr().err
+
+
+def test_main_refuses_to_resume_with_another_configuration(tmp_path, capsys):
+    out = tmp_path / "m.csv"
+    out.with_suffix(".json").write_text(json.dumps({"config": {"max_len": 1, "seeds": [0]}}))
+    with pytest.raises(SystemExit):
+        ex.main(["--mode", "quick", "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert "another configuration" in err and "max_len" in err

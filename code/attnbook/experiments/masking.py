@@ -359,6 +359,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     out = Path(args.out)
     meta_path = out.with_suffix(".json")
     previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    config = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("extra", "seeds", "grid")},
+                                   default=str))
+    stored_config = {k: v for k, v in previous.get("config", {}).items() if k not in ("seeds", "grid")}
+    if stored_config and stored_config != config:
+        changed = sorted(k for k in config.keys() | stored_config.keys() if config.get(k) != stored_config.get(k))
+        parser.error(f"{out} holds runs made with another configuration (differs in {changed}); "
+                     "resume only with the same settings, or write to another --out")
     start = time.perf_counter()
     only = args.only.split(",") if args.only else None
     unknown = set(only or ()) - {condition_id(c) for c in conditions(cfg.grid)}
