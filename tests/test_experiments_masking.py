@@ -248,3 +248,17 @@ def test_main_refuses_to_resume_with_another_configuration(tmp_path, capsys):
         ex.main(["--mode", "quick", "--out", str(out), "--no-progress"])
     err = capsys.readouterr().err
     assert "another configuration" in err and "max_len" in err
+
+
+def test_main_writes_provenance_when_interrupted(tmp_path, monkeypatch):
+    out = tmp_path / "m.csv"
+
+    def interrupted_grid(cfg, **kwargs):
+        pd.DataFrame([{"pooling": "mean", "masking": "-", "rnn_input": "packed", "batching": "random",
+                       "precision": "fp32", "seed": 0, "test_accuracy": 0.5}]).to_csv(out, index=False)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ex, "run_grid", interrupted_grid)
+    frame = ex.main(["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu"])
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert len(frame) == 1 and meta["n_runs"] == 1 and meta["sessions"][-1]["interrupted"] is True

@@ -35,6 +35,8 @@ import contextlib
 import itertools
 import json
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -367,12 +369,24 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         parser.error(f"{out} holds runs made with another configuration (differs in {changed}); "
                      "resume only with the same settings, or write to another --out")
     start = time.perf_counter()
+    # SIGTERM (e.g. a job scheduler stopping the run) ends the grid like Ctrl-C: finished runs are already in --out,
+    # and the provenance below is still written, marked as interrupted.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     only = args.only.split(",") if args.only else None
     unknown = set(only or ()) - {condition_id(c) for c in conditions(cfg.grid)}
     if unknown:
         parser.error(f"--only names conditions that are not in the {cfg.grid!r} grid: {sorted(unknown)}")
-    frame = run_grid(cfg, workers=args.workers, out=out, device=device, show_progress=not args.no_progress,
-                     only=only)
+    interrupted = False
+    try:
+        frame = run_grid(cfg, workers=args.workers, out=out, device=device, show_progress=not args.no_progress,
+                         only=only)
+    except KeyboardInterrupt:
+        interrupted = True
+        frame = pd.read_csv(out) if out.exists() and out.stat().st_size else pd.DataFrame()
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
     wall = time.perf_counter() - start
     record = provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(),
                         config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
@@ -383,10 +397,17 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     record["sessions"][-1]["date_utc"] = record["date_utc"]
     record["sessions"][-1]["commit"] = record["commit"]
     record["sessions"][-1]["device"] = record["device"]
+    record["sessions"][-1]["interrupted"] = interrupted
+    record["sessions"][-1]["workers"] = args.workers
+    record["sessions"][-1]["only"] = only
     record["total_wall_time_s"] = round(sum(s["wall_time_s"] for s in record["sessions"]), 2)
     meta_path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-    print(f"{len(frame)} runs in {out}; provenance in {meta_path}")
+    print(f"{len(frame)} runs in {out}; provenance in {meta_path}" + (" (interrupted)" if interrupted else ""))
     return frame
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _complete_seeds(frame: pd.DataFrame, cfg: MaskingConfig) -> int:
