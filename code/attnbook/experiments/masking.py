@@ -50,7 +50,7 @@ from ..batching import BucketBatchSampler, RandomBatchSampler, padding_fraction
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..models import BiGRUClassifier, padding_mask
 from ..pooling import MASKINGS, pool_weights
-from ..provenance import provenance
+from ..provenance import git_commit, provenance
 from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, seed_everything
 
 __all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid", "main",
@@ -369,6 +369,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         parser.error(f"{out} holds runs made with another configuration (differs in {changed}); "
                      "resume only with the same settings, or write to another --out")
     start = time.perf_counter()
+    commit_at_start = git_commit(Path(__file__).resolve().parent)  # the code that runs, even if HEAD moves meanwhile
     # SIGTERM (e.g. a job scheduler stopping the run) ends the grid like Ctrl-C: finished runs are already in --out,
     # and the provenance below is still written, marked as interrupted.
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                         n_seeds_complete=_complete_seeds(frame, cfg),
                         sessions=previous.get("sessions", []) + [{"date_utc": None, "wall_time_s": round(wall, 2)}])
     record["sessions"][-1]["date_utc"] = record["date_utc"]
-    record["sessions"][-1]["commit"] = record["commit"]
+    record["commit"] = record["sessions"][-1]["commit"] = commit_at_start
     record["sessions"][-1]["device"] = record["device"]
     record["sessions"][-1]["interrupted"] = interrupted
     record["sessions"][-1]["workers"] = args.workers
