@@ -46,7 +46,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..batching import BucketBatchSampler, RandomBatchSampler, padding_fraction
+from ..batching import BucketBatchSampler, RandomBatchSampler, pad_to_batch, padding_fraction
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..models import BiGRUClassifier, padding_mask
 from ..pooling import MASKINGS, pool_weights
@@ -159,15 +159,16 @@ def prepare_data(cfg: MaskingConfig) -> dict:
 
 def _batch(part: dict, index, side: str, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Ids ``(B, T)`` padded on ``side`` to the longest review of the batch (or to ``length``), lengths, labels."""
-    index = np.asarray(index)
-    lengths = torch.from_numpy(part["lengths"][index])
-    width = int(lengths.max()) if length is None else length
-    stored = torch.from_numpy(part["ids"][index, : min(width, part["ids"].shape[1])].astype(np.int64))
-    ids = F.pad(stored, (0, width - stored.shape[1]))
-    if side == "pre":  # move each row's pads to the front
-        positions = (torch.arange(width) - (width - lengths).unsqueeze(1)) % width
-        ids = ids.gather(1, positions)
-    return ids, lengths, torch.from_numpy(part["labels"][index])
+    ids, lengths = pad_to_batch(torch.from_numpy(part["ids"]), torch.from_numpy(part["lengths"]), index, side=side)
+    if length is not None:  # re-pad to a fixed width, on the same side
+        extra = length - ids.shape[1]
+        ids = F.pad(ids, (extra, 0) if side == "pre" else (0, extra))
+    return ids.long(), lengths, torch.from_numpy(part["labels"][np.asarray(index)])
+
+
+def _side(condition: dict) -> str:
+    """Where the pads go for a condition: in front for ``"unpacked-pre"``, else after the tokens."""
+    return "pre" if condition["rnn_input"] == "unpacked-pre" else "post"
 
 
 def _sampler(batching: str, lengths: np.ndarray, batch_size: int, seed: int, shuffle: bool = True):
@@ -187,7 +188,7 @@ def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingC
               repad_to: int | None = None, seed: int = 12345) -> dict:
     """Predictions and attention statistics on ``part`` under the condition's batching (fixed eval order)."""
     model.eval()
-    side = "pre" if condition["rnn_input"] == "unpacked-pre" else "post"
+    side = _side(condition)
     n = len(part["labels"])
     preds = np.zeros(n, dtype=np.int64)
     pad_mass, pad_scores, real_scores, nan_count = np.zeros(n), [], [], 0
@@ -239,12 +240,12 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
         data["vocab_size"], cfg.embed_size, cfg.hidden_size, cfg.attention_size, pooling=condition["pooling"],
         masking=condition["masking"] if condition["pooling"] == "attention" else "neg_inf",
         packed=condition["rnn_input"] == "packed",
-        padding_side="pre" if condition["rnn_input"] == "unpacked-pre" else "post").to(device)
+        padding_side=_side(condition)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=condition["precision"] == "fp16")
     train = data["train"]
     sampler = _sampler(condition["batching"], train["lengths"], cfg.batch_size, seed)
-    side = "pre" if condition["rnn_input"] == "unpacked-pre" else "post"
+    side = _side(condition)
     nan_steps, tokens, batches_seen = 0, 0, []
     start = time.perf_counter()
     for epoch in range(cfg.epochs):
