@@ -76,6 +76,40 @@ def test_provenance_records_where_it_ran(tmp_path):
     assert json.loads(path.read_text()) == record
 
 
+def test_read_stored_searches_upwards_and_stays_offline(tmp_path, monkeypatch):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "r.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "chapters").mkdir()
+    assert provenance.read_stored("r.csv", start=tmp_path / "chapters") == "a,b\n1,2\n"
+    monkeypatch.chdir(tmp_path / "chapters")
+    assert provenance.read_stored("r.csv") == "a,b\n1,2\n"
+
+    import urllib.request
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("read_stored went online outside Colab")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    assert provenance.read_stored("missing.csv") is None                 # not on Colab: no download
+    asked = []
+    monkeypatch.setattr(urllib.request, "urlopen",
+                        lambda url, timeout: asked.append(url) or (_ for _ in ()).throw(OSError("offline")))
+    assert provenance.read_stored("missing.csv", online=True) is None    # a failed download gives None
+    assert asked == [_raw_url("missing.csv")]
+
+
+def _raw_url(name):
+    return ("https://raw.githubusercontent.com/attnbook/attention-masked-unmasked/main/results/" + name)
+
+
+def test_repository_url_agrees_with_book_config():
+    import yaml
+    from pathlib import Path
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "_config.yml").read_text())
+    assert provenance.REPOSITORY_URL == config["repository"]["url"]
+
+
 def test_git_commit_outside_a_repository(tmp_path):
     assert provenance.git_commit(tmp_path) == "unknown"
 

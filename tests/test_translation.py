@@ -161,10 +161,26 @@ def test_configs():
         Seq2SeqConfig.for_mode("fast")
 
 
+def test_workers_give_identical_results(small, one_thread):
+    """Two processes train the models side by side; every number is bitwise the same as one after another."""
+    cfg = Seq2SeqConfig(models=("none", "bahdanau", "luong-dot"), epochs=1, hidden_size=16, embed_size=8,
+                        max_decode_len=8, beam_size=2)
+    serial = experiment.run_experiment(cfg, data=small, device="cpu", show_progress=False)
+    parallel = experiment.run_experiment(cfg, data=small, device="cpu", show_progress=False, workers=2)
+    columns = ["model", "parameters", "valid_loss", "token_acc", "bleu_greedy", "bleu_beam"]
+    pd.testing.assert_frame_equal(serial.summary[columns], parallel.summary[columns])
+    pd.testing.assert_frame_equal(serial.history.drop(columns="seconds"), parallel.history.drop(columns="seconds"))
+    assert list(parallel.models) == list(cfg.models)
+    for kind in cfg.models:
+        assert serial.decoded[kind]["greedy"].tokens == parallel.decoded[kind]["greedy"].tokens
+    with pytest.raises(ValueError, match="workers must be an int >= 1, got 0"):
+        experiment.run_experiment(cfg, data=small, device="cpu", workers=0)
+
+
 def test_cli_writes_results_with_provenance(tmp_path):
     out = tmp_path / "results" / "seq2seq_full.csv"
     experiment.main(["--mode", "quick", "--out", str(out), "--device", "cpu", "--models", "none", "bahdanau",
-                     "--epochs", "1", "--n-train", "300", "--n-test", "40"])
+                     "--epochs", "1", "--n-train", "300", "--n-test", "40", "--workers", "2"])
     summary = pd.read_csv(out)
     assert summary["model"].tolist() == ["none", "bahdanau"]
     assert summary[["bleu_greedy", "bleu_beam", "token_acc"]].notna().all().all()
@@ -172,6 +188,6 @@ def test_cli_writes_results_with_provenance(tmp_path):
     assert set(by_length["model"]) == {"none", "bahdanau"}
     assert len(pd.read_csv(out.with_name("seq2seq_full_history.csv"))) == 2
     record = json.loads(out.with_suffix(".json").read_text())
-    assert record["mode"] == "quick" and record["device_type"] == "cpu"
+    assert record["mode"] == "quick" and record["device_type"] == "cpu" and record["workers"] == 2
     assert record["overrides"]["n_train"] == 300 and record["config"]["epochs"] == 1
     assert record["data_sizes"]["train_pairs"] == 300 and record["wall_time_s"] > 0

@@ -10,6 +10,7 @@ import datetime as _dt
 import json
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,11 @@ import torch
 from . import __version__
 from .runtime import describe_device, get_device, get_mode
 
-__all__ = ["git_commit", "provenance", "write_provenance"]
+__all__ = ["REPOSITORY_URL", "git_commit", "provenance", "read_stored", "write_provenance"]
+
+#: The book's repository (the same URL as ``repository.url`` in ``_config.yml``; a test checks they agree).
+REPOSITORY_URL = "https://github.com/attnbook/attention-masked-unmasked"
+_RAW_RESULTS = REPOSITORY_URL.replace("github.com", "raw.githubusercontent.com") + "/main/results/"
 
 
 def git_commit(path: str | Path = ".") -> str:
@@ -67,3 +72,34 @@ def write_provenance(path: str | Path, record: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def read_stored(name: str, start: str | Path | None = None, online: bool | None = None,
+                timeout: float = 10.0) -> str | None:
+    """The text of the stored result ``results/<name>``, or ``None`` if there is none.
+
+    It looks for ``results/<name>`` in ``start`` (default: the working directory) and then in each of its parents,
+    so it works from ``chapters/`` in a clone and from the repository root. If no local copy exists and ``online``
+    is true, it downloads the file from the book's repository (:data:`REPOSITORY_URL`, branch ``main``).
+    ``online=None`` (the default) means "only on Colab", where the notebook runs without a clone; the book build,
+    the tests and a local run therefore never touch the network. A failed download (no network, no such file,
+    ``timeout`` seconds passed) also gives ``None``.
+
+    Chapters 3, 5, 6 and 7 use it to show the stored full-mode results beside the live run.
+    """
+    start = Path.cwd() if start is None else Path(start)
+    for base in (start, *start.parents):
+        path = base / "results" / name
+        if path.is_file():
+            return path.read_text()
+    if online is None:
+        online = "google.colab" in sys.modules
+    if not online:
+        return None
+    from urllib.error import URLError
+    from urllib.request import urlopen
+    try:
+        with urlopen(_RAW_RESULTS + name, timeout=timeout) as response:
+            return response.read().decode()
+    except (URLError, OSError, ValueError):
+        return None

@@ -57,7 +57,7 @@ class Seq2SeqConfig(ModeConfig):
 
     max_src_len: int | None = 12
     max_tgt_len: int | None = 14
-    n_train: int | None = 7_000
+    n_train: int | None = 6_000
     n_valid: int | None = 300
     n_test: int | None = 600
     min_freq: int = 1
@@ -82,9 +82,10 @@ class Seq2SeqConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "Seq2SeqConfig":
-        """Small models (96 units) on 7,000 training pairs of at most 12 source tokens, made only of the 1,000 most
+        """Small models (96 units) on 6,000 training pairs of at most 12 source tokens, made only of the 1,000 most
         frequent English and 1,500 most frequent Spanish tokens, 3 epochs: sized for the whole chapter to run in
-        about two minutes on a 2-core CPU."""
+        about a minute and a half on a 2-core CPU, with the five models trained two at a time
+        (``run_experiment(..., workers=2)``)."""
         return cls()
 
     @classmethod
@@ -353,8 +354,28 @@ class Seq2SeqResults:
     config: Seq2SeqConfig = None
 
 
+def _train_and_evaluate(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device, beam: bool,
+                        show_progress: bool) -> tuple[dict, pd.DataFrame, pd.DataFrame, Seq2Seq, dict[str, Decoded]]:
+    """One model of :func:`run_experiment`: train, evaluate, and return its summary row, per-length rows, history,
+    model and decoded outputs. Runs with ``cfg.num_threads`` torch threads and restores the setting afterwards."""
+    threads = torch.get_num_threads()
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        model, history = train_model(kind, data, cfg, device, show_progress)
+        start = time.perf_counter()
+        summary, per_length, dec = evaluate_model(model, data, cfg, beam=beam, device=device)
+    finally:
+        torch.set_num_threads(threads)
+    row = {"model": kind, "parameters": sum(p.numel() for p in model.parameters()),
+           "train_s": history["seconds"].iloc[-1], "eval_s": time.perf_counter() - start,
+           "valid_loss": history["valid_loss"].iloc[-1], **summary}
+    return row, per_length.assign(model=kind), history.assign(model=kind), model, dec
+
+
 def run_experiment(cfg: Seq2SeqConfig, data: TranslationData | None = None, device: torch.device | str | None = None,
-                   beam_models: tuple[str, ...] | None = None, show_progress: bool = True) -> Seq2SeqResults:
+                   beam_models: tuple[str, ...] | None = None, show_progress: bool = True,
+                   workers: int = 1) -> Seq2SeqResults:
     """Train every model of ``cfg.models`` on the same data and batches, and evaluate each on the test split.
 
     Args:
@@ -362,30 +383,38 @@ def run_experiment(cfg: Seq2SeqConfig, data: TranslationData | None = None, devi
         data: prepared data (default ``cfg.data()``).
         device: default :func:`attnbook.runtime.get_device`.
         beam_models: the models that are also decoded with beam search (default: all).
-        show_progress: show a progress bar per model.
+        show_progress: a progress bar per model (``workers=1``) or over the models (``workers > 1``).
+        workers: processes that train models side by side (joblib, ``loky`` backend), each with
+            ``cfg.num_threads`` torch threads. The models are independent and seeded, so on the CPU the results
+            are identical for any number of workers (``tests/test_translation.py`` checks it); 2 halves the
+            chapter's wall time on a 2-core CPU. On a GPU keep 1.
+
+    Raises:
+        ValueError: if ``workers < 1``.
     """
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     device = torch.device(device) if device is not None else get_device()
     data = data if data is not None else cfg.data()
     beam_models = cfg.models if beam_models is None else beam_models
-    summaries, by_length, histories, models, decoded = [], [], [], {}, {}
-    threads = torch.get_num_threads()
-    if cfg.num_threads is not None:
-        torch.set_num_threads(cfg.num_threads)
-    try:
-        for kind in cfg.models:
-            model, history = train_model(kind, data, cfg, device, show_progress)
-            start = time.perf_counter()
-            summary, per_length, dec = evaluate_model(model, data, cfg, beam=kind in beam_models, device=device)
-            summaries.append({"model": kind, "parameters": sum(p.numel() for p in model.parameters()),
-                              "train_s": history["seconds"].iloc[-1], "eval_s": time.perf_counter() - start,
-                              "valid_loss": history["valid_loss"].iloc[-1], **summary})
-            by_length.append(per_length.assign(model=kind))
-            histories.append(history.assign(model=kind))
-            models[kind], decoded[kind] = model, dec
-    finally:
-        torch.set_num_threads(threads)
-    return Seq2SeqResults(pd.DataFrame(summaries), pd.concat(by_length, ignore_index=True),
-                          pd.concat(histories, ignore_index=True), models, decoded, data, cfg)
+    if workers == 1:
+        outputs = [_train_and_evaluate(kind, data, cfg, device, kind in beam_models, show_progress)
+                   for kind in cfg.models]
+    else:
+        from joblib import Parallel, delayed
+
+        bar = progress(total=len(cfg.models), desc="models", disable=not show_progress)
+        outputs = []
+        for output in Parallel(n_jobs=workers, backend="loky", return_as="generator")(
+                delayed(_train_and_evaluate)(kind, data, cfg, device, kind in beam_models, False)
+                for kind in cfg.models):
+            outputs.append(output)
+            bar.update(1)
+        bar.close()
+    rows, by_length, histories, models, decoded = zip(*outputs)
+    return Seq2SeqResults(pd.DataFrame(list(rows)), pd.concat(by_length, ignore_index=True),
+                          pd.concat(histories, ignore_index=True), dict(zip(cfg.models, models)),
+                          dict(zip(cfg.models, decoded)), data, cfg)
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -402,6 +431,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--n-train", type=int, default=None, help="override the number of training pairs")
     parser.add_argument("--n-valid", type=int, default=None, help="override the number of validation sentences")
     parser.add_argument("--n-test", type=int, default=None, help="override the number of test sentences")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes training models side by side (default 1; see run_experiment)")
     args = parser.parse_args(argv)
     mode = args.mode or get_mode()
     cfg = Seq2SeqConfig.for_mode(mode)
@@ -411,14 +442,14 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = replace(cfg, **overrides)
     device = torch.device(args.device) if args.device else get_device()
     start = time.perf_counter()
-    results = run_experiment(cfg, device=device)
+    results = run_experiment(cfg, device=device, workers=args.workers)
     wall = time.perf_counter() - start
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results.summary.to_csv(out, index=False)
     results.by_length.to_csv(out.with_name(out.stem + "_by_length.csv"), index=False)
     results.history.to_csv(out.with_name(out.stem + "_history.csv"), index=False)
-    record = provenance(wall, device=device, mode=mode, config=asdict(cfg), overrides=overrides,
+    record = provenance(wall, device=device, mode=mode, config=asdict(cfg), overrides=overrides, workers=args.workers,
                         data_sizes=results.data.sizes(),
                         note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
                              "translations of a held-out English sentence as references")
