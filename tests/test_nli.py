@@ -185,7 +185,7 @@ def test_forward_errors():
         model([[1, 2]], ids)
     with pytest.raises(ValueError, match="batch sizes differ: 1 and 2"):
         model(ids, ids.expand(2, 3))
-    with pytest.raises(TypeError, match="premise_mask must be a bool tensor \\(True = real token\\), got dtype torch.int64"):
+    with pytest.raises(TypeError, match="premise_mask must be a bool tensor \\(True = takes part\\), got dtype torch.int64"):
         model(ids, ids, torch.ones_like(ids), None)
     with pytest.raises(ValueError, match="hypothesis_mask must have shape \\(batch, length\\) = \\(1, 3\\), got \\(1, 2\\)"):
         model(ids, ids, None, torch.ones(1, 2, dtype=torch.bool))

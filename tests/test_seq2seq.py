@@ -268,7 +268,7 @@ def test_call_errors():
         model(src, lengths, src[:2])
     enc = model.encode(src, lengths)
     y = torch.full((3,), BOS_ID)
-    with pytest.raises(TypeError, match="mask must be a bool tensor .* got torch.int64"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor .* got dtype torch.int64"):
         model.decoder.step(y, enc.state, enc.memory, enc.mask.long())
     with pytest.raises(ValueError, match=r"mask must have shape \(batch, 1, src_len\) = \(3, 1, 6\), got \(3, 6\)"):
         model.decoder.step(y, enc.state, enc.memory, enc.mask[:, 0])

@@ -26,7 +26,7 @@ from scipy.stats import kendalltau
 from torch import Tensor, nn
 
 from .attention import AdditiveAttention
-from .masking import lengths_to_mask, masked_softmax
+from .masking import check_bool_mask, lengths_to_mask, masked_softmax
 
 __all__ = [
     "AttentionClassifier",
@@ -114,8 +114,7 @@ def uniform_weights(mask: Tensor) -> Tensor:
     Raises:
         TypeError: ``mask`` is not bool.
     """
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor (True = takes part), got dtype {mask.dtype}")
+    check_bool_mask(mask)
     counts = mask.sum(-1, keepdim=True).clamp(min=1)
     return mask.float() / counts
 

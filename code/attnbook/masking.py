@@ -28,17 +28,18 @@ __all__ = [
 BERT_MASK_VALUE = -10_000.0
 
 
-def check_bool_mask(mask: object) -> None:
+def check_bool_mask(mask: object, name: str = "mask") -> None:
     """Raise ``TypeError`` unless ``mask`` is a bool tensor (the attnbook convention: True = takes part).
 
-    Shared by every function that takes a mask, so that the message is the same everywhere.
+    Shared by every function that takes a mask, so that the message is the same everywhere; ``name`` is the
+    argument's name in the message (e.g. ``"premise_mask"``).
     """
     if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a bool torch.Tensor, got {type(mask).__name__}")
+        raise TypeError(f"{name} must be a bool torch.Tensor, got {type(mask).__name__}")
     if mask.dtype != torch.bool:
         raise TypeError(
-            f"mask must be a bool tensor (True = takes part), got dtype {mask.dtype}; "
-            "convert with mask.bool() only if 1 means 'takes part'"
+            f"{name} must be a bool tensor (True = takes part), got dtype {mask.dtype}; "
+            f"convert with {name}.bool() only if 1 means 'takes part'"
         )
 
 

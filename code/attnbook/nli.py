@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .masking import masked_softmax
+from .masking import check_bool_mask, masked_softmax
 
 __all__ = ["Alignment", "DecomposableAttention", "count_parameters", "alignment_accuracy",
            "chance_alignment_accuracy"]
@@ -70,10 +70,7 @@ def _check_mask(name: str, mask: Tensor | None, x: Tensor) -> None:
     """``mask`` must be None or a bool tensor of shape ``x.shape[:2]``."""
     if mask is None:
         return
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a bool torch.Tensor, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name} must be a bool tensor (True = real token), got dtype {mask.dtype}")
+    check_bool_mask(mask, name)
     if tuple(mask.shape) != tuple(x.shape[:2]):
         raise ValueError(f"{name} must have shape (batch, length) = {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
 

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import AdditiveAttention, DotProductAttention
-from .masking import lengths_to_mask, masked_softmax
+from .masking import check_bool_mask, lengths_to_mask, masked_softmax
 from .text import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = [
@@ -263,9 +263,7 @@ class AttentionDecoder(nn.Module):
         if memory.dim() != 3 or memory.shape[-1] != self.memory_size:
             raise ValueError(f"memory must have shape (batch, src_len, {self.memory_size}), got "
                              f"{tuple(memory.shape)}")
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool tensor (True = takes part), got "
-                            f"{getattr(mask, 'dtype', type(mask).__name__)}")
+        check_bool_mask(mask)
         if tuple(mask.shape) != (memory.shape[0], 1, memory.shape[1]):
             raise ValueError(f"mask must have shape (batch, 1, src_len) = {(memory.shape[0], 1, memory.shape[1])}, "
                              f"got {tuple(mask.shape)}")

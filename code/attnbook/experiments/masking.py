@@ -285,6 +285,10 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
 
 
 def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: str) -> dict:
+    """One run in a joblib worker. joblib hands large arrays to workers as read-only memory maps, which
+    ``torch.from_numpy`` warns about; each run therefore works on its own writable copy (tens of MB, once per run)."""
+    data = {name: {k: np.array(v) for k, v in part.items()} if isinstance(part, dict) else part
+            for name, part in data.items()}
     return run_one(cfg, data, condition, seed, device)
 
 
