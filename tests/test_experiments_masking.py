@@ -262,3 +262,18 @@ def test_main_writes_provenance_when_interrupted(tmp_path, monkeypatch):
     frame = ex.main(["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu"])
     meta = json.loads(out.with_suffix(".json").read_text())
     assert len(frame) == 1 and meta["n_runs"] == 1 and meta["sessions"][-1]["interrupted"] is True
+
+
+def test_worker_task_runs_on_writable_copies(monkeypatch):
+    """joblib gives workers read-only memory maps; each run gets writable copies (torch.from_numpy warns otherwise)."""
+    import numpy as np
+
+    ids = np.arange(6, dtype=np.int32).reshape(2, 3)
+    ids.flags.writeable = False
+    data = {"vocab_size": 7, "train": {"ids": ids, "lengths": np.array([3, 2])}}
+    seen = {}
+    monkeypatch.setattr(ex, "run_one", lambda cfg, d, condition, seed, device: seen.setdefault("data", d))
+    ex._task(None, data, {}, 0, "cpu")
+    copied = seen["data"]["train"]["ids"]
+    assert copied.flags.writeable and (copied == ids).all() and seen["data"]["vocab_size"] == 7
+    assert not ids.flags.writeable          # the caller's array is left alone
