@@ -151,3 +151,16 @@ def test_print_estimate(capsys):
     out = capsys.readouterr().out
     assert "Estimated run time of training: about 40 s" in out
     assert "Estimated run time of the next cell: about 10 min" in out
+
+
+def test_run_tasks_in_process_and_in_workers():
+    """``run_tasks`` gives the same results in this process and in two joblib workers: in the order of the
+    arguments by default, in any order with ``ordered=False``; in process it is lazy (nothing runs before asked)."""
+    arguments = [(base, 3) for base in range(6)]
+    expected = [base ** 3 for base in range(6)]
+    calls = []
+    lazy = runtime.run_tasks(lambda *args: calls.append(args) or pow(*args), arguments)
+    assert calls == []
+    assert list(lazy) == expected and len(calls) == 6
+    assert list(runtime.run_tasks(pow, arguments, workers=2)) == expected
+    assert sorted(runtime.run_tasks(pow, arguments, workers=2, ordered=False)) == expected

@@ -17,7 +17,7 @@ import platform
 import random
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any
@@ -162,6 +162,28 @@ def progress(iterable: Iterable | None = None, *, desc: str | None = None, total
         kwargs.setdefault("mininterval", 5.0)
         kwargs.setdefault("ascii", True)
     return tqdm(iterable, desc=desc, total=total, **kwargs)
+
+
+def run_tasks(function: Any, arguments: Iterable[tuple], workers: int = 1, ordered: bool = True) -> Iterator:
+    """Yield ``function(*args)`` for each ``args`` of ``arguments``; the experiments' ``--workers`` options go
+    through here (chapters 4 and 5).
+
+    Args:
+        function: a module-level function when ``workers > 1`` (joblib pickles it for the worker processes).
+        arguments: tuples of positional arguments, one tuple per task.
+        workers: 1 runs the tasks one after another in this process, lazily; more runs them in that many joblib
+            processes (``loky`` backend).
+        ordered: yield in the order of ``arguments`` (default) or, if False, as each task finishes.
+
+    Returns:
+        an iterator over the results. Exceptions raised in a task are raised again here.
+    """
+    if workers <= 1:
+        return (function(*args) for args in arguments)
+    from joblib import Parallel, delayed
+
+    return Parallel(n_jobs=workers, backend="loky", return_as="generator" if ordered else "generator_unordered")(
+        delayed(function)(*args) for args in arguments)
 
 
 def print_estimate(seconds: float, what: str = "the next cell") -> None:

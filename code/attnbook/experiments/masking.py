@@ -51,7 +51,7 @@ from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..models import BiGRUClassifier, padding_mask
 from ..pooling import MASKINGS, pool_weights
 from ..provenance import git_commit, provenance
-from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, seed_everything
+from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, run_tasks, seed_everything
 
 __all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid", "main",
            "RESULT_COLUMNS"]
@@ -322,13 +322,7 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
     devices = [f"cuda:{i % n_gpus}" if n_gpus > 1 else str(device) for i in range(len(tasks))]
     rows = []
     bar = progress(total=len(tasks), desc="runs", disable=not show_progress)
-    if workers <= 1:
-        results = (_task(cfg, data, c, s, d) for (c, s), d in zip(tasks, devices))
-    else:
-        from joblib import Parallel, delayed
-
-        results = Parallel(n_jobs=workers, backend="loky", return_as="generator_unordered")(
-            delayed(_task)(cfg, data, c, s, d) for (c, s), d in zip(tasks, devices))
+    results = run_tasks(_task, ((cfg, data, c, s, d) for (c, s), d in zip(tasks, devices)), workers, ordered=False)
     for row in results:
         rows.append(row)
         if out is not None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.translation import TranslationData, prepare_translation
-from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
 from ..text import PAD_ID, detokenize, pad_batch
 
@@ -397,20 +397,14 @@ def run_experiment(cfg: Seq2SeqConfig, data: TranslationData | None = None, devi
     device = torch.device(device) if device is not None else get_device()
     data = data if data is not None else cfg.data()
     beam_models = cfg.models if beam_models is None else beam_models
-    if workers == 1:
-        outputs = [_train_and_evaluate(kind, data, cfg, device, kind in beam_models, show_progress)
-                   for kind in cfg.models]
-    else:
-        from joblib import Parallel, delayed
-
-        bar = progress(total=len(cfg.models), desc="models", disable=not show_progress)
-        outputs = []
-        for output in Parallel(n_jobs=workers, backend="loky", return_as="generator")(
-                delayed(_train_and_evaluate)(kind, data, cfg, device, kind in beam_models, False)
-                for kind in cfg.models):
-            outputs.append(output)
-            bar.update(1)
-        bar.close()
+    per_model_bars = show_progress and workers == 1   # worker processes cannot draw on this page
+    bar = progress(total=len(cfg.models), desc="models", disable=not show_progress or per_model_bars)
+    outputs = []
+    for output in run_tasks(_train_and_evaluate, [(kind, data, cfg, device, kind in beam_models, per_model_bars)
+                                                  for kind in cfg.models], workers):
+        outputs.append(output)
+        bar.update(1)
+    bar.close()
     rows, by_length, histories, models, decoded = zip(*outputs)
     return Seq2SeqResults(pd.DataFrame(list(rows)), pd.concat(by_length, ignore_index=True),
                           pd.concat(histories, ignore_index=True), dict(zip(cfg.models, models)),
