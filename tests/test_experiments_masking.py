@@ -128,6 +128,31 @@ def test_packed_pad_score_is_the_zero_state_score(rows):
     assert abs(unpacked["pad_score_mean"] - unpacked["zero_state_score"]) > 1e-4  # the GRU moved the pad states
 
 
+@pytest.mark.parametrize("rnn_input", ["packed", "unpacked"])
+def test_score_statistics_come_from_the_evaluated_states(data, rnn_input):
+    """``_evaluate`` catches the encoder states of its forward pass with a hook: the score statistics equal those of
+    an explicit second encoder pass, the predictions are the model's, and no hook is left on the model."""
+    import numpy as np
+
+    from attnbook.models import BiGRUClassifier, padding_mask
+
+    condition = cond(masking="none", rnn_input=rnn_input)
+    side = ex._side(condition)
+    torch.manual_seed(0)
+    model = BiGRUClassifier(data["vocab_size"], TINY.embed_size, TINY.hidden_size, TINY.attention_size,
+                            masking="none", packed=rnn_input == "packed", padding_side=side).eval()
+    out = ex._evaluate(model, data["test"], condition, TINY, torch.device("cpu"))
+    assert not model.encoder._forward_hooks
+    ids, lengths, _ = ex._batch(data["test"], np.arange(len(data["test"]["labels"])), side, None)
+    with torch.no_grad():
+        scores = model.pooling.attention.scores(model.encoder(model.embedding(ids), lengths))
+        preds = model(ids, lengths)[0].argmax(-1).numpy()
+    real = scores[padding_mask(lengths, ids.shape[1], side)]
+    assert out["real_score_mean"] == pytest.approx(float(real.mean()), rel=1e-5)
+    assert out["real_score_std"] == pytest.approx(float(real.std(unbiased=False)), rel=1e-5)
+    assert (out["preds"] == preds).all()
+
+
 def test_baseline_has_no_score_statistics(rows):
     row = rows[condition_id(cond(pooling="mean", masking="-"))]
     assert row["pad_mass"] == 0 and row["flip_rate"] == 0

@@ -192,23 +192,30 @@ def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingC
     n = len(part["labels"])
     preds = np.zeros(n, dtype=np.int64)
     pad_mass, pad_scores, real_scores, nan_count = np.zeros(n), [], [], 0
-    for index in _sampler(condition["batching"], part["lengths"], cfg.eval_batch_size, seed, shuffle=False):
-        ids, lengths, _ = _batch(part, index, side, repad_to)
-        ids, lengths = ids.to(device), lengths.to(device)
-        with _autocast(device, condition["precision"]):
-            logits, weights = model(ids, lengths)
-            attention = model.pooling.attention
-            if attention is not None and repad_to is None:
-                states = model.encoder(model.embedding(ids), lengths)
-                scores = attention.scores(states).float()
-                mask = padding_mask(lengths, ids.shape[1], side)
-                real_scores.append(scores[mask].cpu().numpy())
-                pad_scores.append(scores[~mask].cpu().numpy())
-        logits, weights = logits.float(), weights.float()
-        nan_count += int((~torch.isfinite(logits)).any(-1).sum())
-        preds[index] = logits.argmax(-1).cpu().numpy()
-        mask = padding_mask(lengths, ids.shape[1], side)
-        pad_mass[index] = (weights * ~mask).sum(-1).cpu().numpy()
+    attention = model.pooling.attention
+    # The scores of real and pad tokens (argument 1) come from the encoder states of the same forward pass,
+    # caught by a hook rather than computed by running the encoder a second time.
+    states = []
+    hook = (model.encoder.register_forward_hook(lambda module, inputs, output: states.append(output))
+            if attention is not None and repad_to is None else None)
+    try:
+        for index in _sampler(condition["batching"], part["lengths"], cfg.eval_batch_size, seed, shuffle=False):
+            ids, lengths, _ = _batch(part, index, side, repad_to)
+            ids, lengths = ids.to(device), lengths.to(device)
+            mask = padding_mask(lengths, ids.shape[1], side)
+            with _autocast(device, condition["precision"]):
+                logits, weights = model(ids, lengths)
+                if hook is not None:
+                    scores = attention.scores(states.pop()).float()
+                    real_scores.append(scores[mask].cpu().numpy())
+                    pad_scores.append(scores[~mask].cpu().numpy())
+            logits, weights = logits.float(), weights.float()
+            nan_count += int((~torch.isfinite(logits)).any(-1).sum())
+            preds[index] = logits.argmax(-1).cpu().numpy()
+            pad_mass[index] = (weights * ~mask).sum(-1).cpu().numpy()
+    finally:
+        if hook is not None:
+            hook.remove()
     out = {"preds": preds, "accuracy": float((preds == part["labels"]).mean()), "pad_mass": float(pad_mass.mean()),
            "nan_count": nan_count}
     if real_scores:
