@@ -46,12 +46,12 @@ def rows(data):
 
 # ---------------------------------------------------------------- grids
 def test_grid_sizes():
-    assert len(conditions("quick")) == 5
+    assert len(conditions("chapter")) == 5
     assert len(conditions("core")) == 20
     assert len(conditions("full")) == 90  # 4 x 3 x 2 x 3 attention + 3 x 3 x 2 baselines
 
 
-@pytest.mark.parametrize("grid", ["quick", "core", "full"])
+@pytest.mark.parametrize("grid", ["chapter", "core", "full"])
 def test_grid_has_no_duplicates_and_valid_factors(grid):
     ids = [condition_id(c) for c in conditions(grid)]
     assert len(ids) == len(set(ids))
@@ -61,15 +61,15 @@ def test_grid_has_no_duplicates_and_valid_factors(grid):
         assert c["pooling"] == "attention" or c["precision"] == "fp32"
 
 
-def test_quick_and_core_are_subsets_of_full():
+def test_chapter_and_core_are_subsets_of_full():
     full = {condition_id(c) for c in conditions("full")}
     assert {condition_id(c) for c in conditions("core")} <= full
-    assert {condition_id(c) for c in conditions("quick")} <= full
+    assert {condition_id(c) for c in conditions("chapter")} <= full
     assert condition_id(cond()) == "attention/neg_inf/packed/random/fp32"
 
 
 def test_unknown_grid():
-    with pytest.raises(ValueError, match="grid must be 'quick', 'core' or 'full', got 'tiny'"):
+    with pytest.raises(ValueError, match="grid must be 'chapter', 'core' or 'full', got 'tiny'"):
         conditions("tiny")
 
 
@@ -245,7 +245,7 @@ def test_main_writes_csv_and_provenance(tmp_path, monkeypatch):
     assert len(frame) == 5 and set(frame.seed) == {0}
     stored = pd.read_csv(out)
     assert len(stored) == 5
-    assert set(stored.apply(condition_id, axis=1)) == {condition_id(c) for c in conditions("quick")}
+    assert set(stored.apply(condition_id, axis=1)) == {condition_id(c) for c in conditions("chapter")}
     meta = json.loads(out.with_suffix(".json").read_text())
     for key in ("device", "torch", "commit", "date_utc", "wall_time_s", "sessions", "n_seeds_complete"):
         assert key in meta, key
@@ -263,7 +263,7 @@ def test_main_writes_csv_and_provenance(tmp_path, monkeypatch):
 def test_main_only_rejects_conditions_outside_the_grid(capsys):
     with pytest.raises(SystemExit):
         ex.main(["--mode", "quick", "--only", "attention/none/packed/bucketed/fp32", "--out", "/dev/null"])
-    assert "not in the 'quick' grid" in capsys.readouterr().err
+    assert "not in the 'chapter' grid" in capsys.readouterr().err
 
 
 def test_main_refuses_to_resume_with_another_configuration(tmp_path, capsys):

@@ -148,9 +148,11 @@ def test_progress_bar_writes_to_stdout_without_ipywidgets(capsys, monkeypatch):
 def test_print_estimate(capsys):
     runtime.print_estimate(40, "training")
     runtime.print_estimate(600)
+    runtime.print_estimate(None, "full mode")
     out = capsys.readouterr().out
     assert "Estimated run time of training: about 40 s" in out
     assert "Estimated run time of the next cell: about 10 min" in out
+    assert "Run time of full mode: not yet measured on this kind of machine" in out
 
 
 def test_run_tasks_in_process_and_in_workers():

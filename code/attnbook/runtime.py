@@ -186,10 +186,15 @@ def run_tasks(function: Any, arguments: Iterable[tuple], workers: int = 1, order
         delayed(function)(*args) for args in arguments)
 
 
-def print_estimate(seconds: float, what: str = "the next cell") -> None:
+def print_estimate(seconds: float | None, what: str = "the next cell") -> None:
     """Print an estimate of a long cell's run time before it starts (the book's convention), e.g.
-    ``print_estimate(40, "training 3 models")`` prints ``Estimated run time of training 3 models: about 40 s``."""
-    if seconds >= 90:
+    ``print_estimate(40, "training 3 models")`` prints ``Estimated run time of training 3 models: about 40 s``.
+
+    ``seconds=None`` says that no estimate has been measured for this kind of machine (e.g. full mode on a GPU,
+    which the authors could not time), rather than printing a guess."""
+    if seconds is None:
+        print(f"Run time of {what}: not yet measured on this kind of machine; the progress bar shows the time left")
+    elif seconds >= 90:
         print(f"Estimated run time of {what}: about {seconds / 60:.0f} min")
     else:
         print(f"Estimated run time of {what}: about {seconds:.0f} s")
