@@ -302,3 +302,13 @@ def test_worker_task_runs_on_writable_copies(monkeypatch):
     copied = seen["data"]["train"]["ids"]
     assert copied.flags.writeable and (copied == ids).all() and seen["data"]["vocab_size"] == 7
     assert not ids.flags.writeable          # the caller's array is left alone
+
+
+def test_complete_seeds_count_the_only_conditions_when_given():
+    """With ``--only`` a seed is complete when it ran in every named condition, not in every condition of the grid."""
+    none, neg = cond(masking="none"), cond(masking="neg_inf")
+    frame = pd.DataFrame([dict(none, seed=0), dict(neg, seed=0), dict(none, seed=1)])
+    only = [condition_id(none), condition_id(neg)]
+    assert ex._complete_seeds(frame, TINY, only) == 1
+    assert ex._complete_seeds(frame, TINY) == 0                # the "chapter" grid has 5 conditions
+    assert ex._complete_seeds(frame.iloc[:0], TINY, only) == 0

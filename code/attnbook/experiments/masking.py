@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                         config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
                         only=only,
                         cpu_count=os.cpu_count(), n_runs=len(frame),
-                        n_seeds_complete=_complete_seeds(frame, cfg),
+                        n_seeds_complete=_complete_seeds(frame, cfg, only),
                         sessions=previous.get("sessions", []) + [{"date_utc": None, "wall_time_s": round(wall, 2)}])
     record["sessions"][-1]["date_utc"] = record["date_utc"]
     record["commit"] = record["sessions"][-1]["commit"] = commit_at_start
@@ -423,11 +423,11 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _complete_seeds(frame: pd.DataFrame, cfg: MaskingConfig) -> int:
-    """How many seeds have a run in every condition of the grid (complete paired sets)."""
+def _complete_seeds(frame: pd.DataFrame, cfg: MaskingConfig, only: list[str] | None = None) -> int:
+    """How many seeds have a run in every condition of the grid, or of ``only`` if given (complete paired sets)."""
     if not len(frame):
         return 0
-    wanted = {condition_id(c) for c in conditions(cfg.grid)}
+    wanted = set(only) if only else {condition_id(c) for c in conditions(cfg.grid)}
     per_seed = frame.assign(cid=frame.apply(condition_id, axis=1)).groupby("seed")["cid"].apply(set)
     return int(sum(wanted <= ids for ids in per_seed))
 
