@@ -252,6 +252,7 @@ def test_main_writes_csv_and_provenance(tmp_path, monkeypatch):
     assert meta["n_seeds_complete"] == 1 and meta["n_runs"] == 5 and meta["torch"] == torch.__version__
     assert meta["config"]["seeds"] == [0] and meta["config"]["source"] == "rotten_tomatoes"
     assert len(meta["sessions"]) == 1 and meta["sessions"][0]["date_utc"] == meta["date_utc"]
+    assert meta["sessions"][0]["status"] == "finished" and meta["sessions"][0]["interrupted"] is False
 
     again = ex.main(argv)  # resumes: nothing new, one more session
     meta = json.loads(out.with_suffix(".json").read_text())
@@ -287,6 +288,42 @@ def test_main_writes_provenance_when_interrupted(tmp_path, monkeypatch):
     frame = ex.main(["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu"])
     meta = json.loads(out.with_suffix(".json").read_text())
     assert len(frame) == 1 and meta["n_runs"] == 1 and meta["sessions"][-1]["interrupted"] is True
+    assert meta["sessions"][-1]["status"] == "interrupted"
+
+
+def test_main_checkpoints_provenance_after_every_run(tmp_path, monkeypatch):
+    """A run killed without notice (no SIGTERM, no Ctrl-C) still leaves a record of its session, up to its last
+    finished run, marked as running; the final record replaces it."""
+    out = tmp_path / "m.csv"
+    out.with_suffix(".json").write_text(json.dumps({"sessions": [{"wall_time_s": 10.0, "note": "an earlier one"}]}))
+    row = {"pooling": "mean", "masking": "-", "rnn_input": "packed", "batching": "random", "precision": "fp32",
+           "test_accuracy": 0.5}
+    seen = []
+
+    def killed_grid(cfg, *, on_run, **kwargs):
+        for seed in (0, 1):
+            pd.DataFrame([dict(row, seed=seed)]).to_csv(out, mode="a", header=seed == 0, index=False)
+            on_run(seed + 1)
+            seen.append(json.loads(out.with_suffix(".json").read_text()))
+        raise SystemExit("killed")  # not KeyboardInterrupt: main cannot write a final record
+
+    monkeypatch.setattr(ex, "run_grid", killed_grid)
+    with pytest.raises(SystemExit):
+        ex.main(["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu"])
+    assert [m["n_runs"] for m in seen] == [1, 2]
+    for meta in seen:
+        assert len(meta["sessions"]) == 2 and meta["sessions"][0]["note"] == "an earlier one"
+        assert meta["sessions"][-1]["status"] == "running" and meta["sessions"][-1]["interrupted"] is True
+        assert meta["total_wall_time_s"] == pytest.approx(10.0 + meta["sessions"][-1]["wall_time_s"], abs=0.02)
+    assert json.loads(out.with_suffix(".json").read_text()) == seen[-1]
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_run_grid_reports_every_finished_run(tmp_path, data, two_conditions):
+    counts = []
+    run_grid(replace(TINY, seeds=(0,)), data, out=tmp_path / "r.csv", device="cpu", show_progress=False,
+             on_run=counts.append)
+    assert counts == [1, 2]
 
 
 def test_worker_task_runs_on_writable_copies(monkeypatch):

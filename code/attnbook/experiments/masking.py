@@ -29,7 +29,10 @@ From the command line (resumable: finished runs in ``--out`` are skipped, each f
     python -m attnbook.experiments.masking --mode full --grid core --seeds 20 --out results/masking_core.csv
     python -m attnbook.experiments.masking --mode full --only attention/none/packed/random/fp32,attention/neg_inf/packed/random/fp32
 
-Provenance (device, versions, commit, date, wall time) goes into every row and into ``<out>.json``.
+Provenance (device, versions, commit, date, wall time) goes into every row and into ``<out>.json``, one entry per
+session. The record is rewritten after every finished run (the session's ``status`` is ``"running"``), so a run
+killed without notice still leaves one; Ctrl-C or SIGTERM end it as ``"interrupted"``, a completed grid as
+``"finished"``.
 """
 
 from __future__ import annotations
@@ -307,7 +310,7 @@ def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: st
 
 def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, out: str | Path | None = None,
              device: torch.device | str | None = None, show_progress: bool = True,
-             only: list[str] | None = None) -> pd.DataFrame:
+             only: list[str] | None = None, on_run=None) -> pd.DataFrame:
     """Every (condition of ``cfg.grid``, seed of ``cfg.seeds``) run, seed by seed, as one DataFrame.
 
     Args:
@@ -320,6 +323,8 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
         device: default :func:`attnbook.runtime.get_device`.
         show_progress: a progress bar over runs.
         only: run only the conditions of the grid with these :func:`condition_id` keys.
+        on_run: called with the number of runs now in ``out`` (stored and new) after each finished run has been
+            appended; the command line uses it to checkpoint the provenance record.
 
     Returns:
         One row per run (:func:`run_one`), the stored ones included, sorted by condition and seed.
@@ -343,6 +348,8 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
             pd.DataFrame([row]).to_csv(out, mode="a", header=not out.exists() or out.stat().st_size == 0,
                                        index=False)
         bar.update(1)
+        if on_run is not None:
+            on_run(len(done) + len(rows))
     bar.close()
     frame = pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
     keys = ["pooling", "masking", "rnn_input", "batching", "precision", "seed"]
@@ -390,31 +397,40 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     unknown = set(only or ()) - {condition_id(c) for c in conditions(cfg.grid)}
     if unknown:
         parser.error(f"--only names conditions that are not in the {cfg.grid!r} grid: {sorted(unknown)}")
+    sessions = previous.get("sessions", [])
+
+    def write_record(frame: pd.DataFrame, n_runs: int, status: str) -> None:
+        wall = time.perf_counter() - start
+        record = provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(),
+                            config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
+                            only=only, cpu_count=os.cpu_count(), n_runs=n_runs,
+                            n_seeds_complete=_complete_seeds(frame, cfg, only))
+        record["commit"] = commit_at_start
+        record["sessions"] = sessions + [{
+            "date_utc": record["date_utc"], "wall_time_s": round(wall, 2), "commit": commit_at_start,
+            "device": record["device"], "status": status, "interrupted": status != "finished",
+            "workers": args.workers, "only": only}]
+        record["total_wall_time_s"] = round(sum(s["wall_time_s"] for s in record["sessions"]), 2)
+        partial = meta_path.with_name(meta_path.name + ".partial")  # written whole, then renamed over the record
+        partial.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        os.replace(partial, meta_path)
+
+    def checkpoint(n_runs: int) -> None:
+        # After every finished run, so that a run killed without notice (SIGKILL, a machine that goes away) still
+        # leaves a record of this session: status "running", with the wall time up to its last finished run.
+        write_record(pd.read_csv(out), n_runs, "running")
+
     interrupted = False
     try:
         frame = run_grid(cfg, workers=args.workers, out=out, device=device, show_progress=not args.no_progress,
-                         only=only)
+                         only=only, on_run=checkpoint)
     except KeyboardInterrupt:
         interrupted = True
         frame = pd.read_csv(out) if out.exists() and out.stat().st_size else pd.DataFrame()
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
-    wall = time.perf_counter() - start
-    record = provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(),
-                        config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
-                        only=only,
-                        cpu_count=os.cpu_count(), n_runs=len(frame),
-                        n_seeds_complete=_complete_seeds(frame, cfg, only),
-                        sessions=previous.get("sessions", []) + [{"date_utc": None, "wall_time_s": round(wall, 2)}])
-    record["sessions"][-1]["date_utc"] = record["date_utc"]
-    record["commit"] = record["sessions"][-1]["commit"] = commit_at_start
-    record["sessions"][-1]["device"] = record["device"]
-    record["sessions"][-1]["interrupted"] = interrupted
-    record["sessions"][-1]["workers"] = args.workers
-    record["sessions"][-1]["only"] = only
-    record["total_wall_time_s"] = round(sum(s["wall_time_s"] for s in record["sessions"]), 2)
-    meta_path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    write_record(frame, len(frame), "interrupted" if interrupted else "finished")
     print(f"{len(frame)} runs in {out}; provenance in {meta_path}" + (" (interrupted)" if interrupted else ""))
     return frame
 
