@@ -303,7 +303,7 @@ def test_main_checkpoints_provenance_after_every_run(tmp_path, monkeypatch):
     def killed_grid(cfg, *, on_run, **kwargs):
         for seed in (0, 1):
             pd.DataFrame([dict(row, seed=seed)]).to_csv(out, mode="a", header=seed == 0, index=False)
-            on_run(seed + 1)
+            on_run(pd.read_csv(out))
             seen.append(json.loads(out.with_suffix(".json").read_text()))
         raise SystemExit("killed")  # not KeyboardInterrupt: main cannot write a final record
 
@@ -322,7 +322,7 @@ def test_main_checkpoints_provenance_after_every_run(tmp_path, monkeypatch):
 def test_run_grid_reports_every_finished_run(tmp_path, data, two_conditions):
     counts = []
     run_grid(replace(TINY, seeds=(0,)), data, out=tmp_path / "r.csv", device="cpu", show_progress=False,
-             on_run=counts.append)
+             on_run=lambda frame: counts.append(len(frame)))
     assert counts == [1, 2]
 
 

@@ -323,8 +323,8 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
         device: default :func:`attnbook.runtime.get_device`.
         show_progress: a progress bar over runs.
         only: run only the conditions of the grid with these :func:`condition_id` keys.
-        on_run: called with the number of runs now in ``out`` (stored and new) after each finished run has been
-            appended; the command line uses it to checkpoint the provenance record.
+        on_run: called after each finished run (appended to ``out`` first) with a DataFrame of every run so far,
+            stored and new; the command line uses it to checkpoint the provenance record.
 
     Returns:
         One row per run (:func:`run_one`), the stored ones included, sorted by condition and seed.
@@ -339,6 +339,10 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
     n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     devices = [f"cuda:{i % n_gpus}" if n_gpus > 1 else str(device) for i in range(len(tasks))]
     rows = []
+
+    def so_far() -> pd.DataFrame:  # every run: the stored ones, then this call's
+        return pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
+
     bar = progress(total=len(tasks), desc="runs", disable=not show_progress)
     results = run_tasks(_task, ((cfg, data, c, s, d) for (c, s), d in zip(tasks, devices)), workers, ordered=False)
     for row in results:
@@ -349,9 +353,9 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
                                        index=False)
         bar.update(1)
         if on_run is not None:
-            on_run(len(done) + len(rows))
+            on_run(so_far())
     bar.close()
-    frame = pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
+    frame = so_far()
     keys = ["pooling", "masking", "rnn_input", "batching", "precision", "seed"]
     return frame.sort_values(keys, kind="stable").reset_index(drop=True) if len(frame) else frame
 
@@ -399,11 +403,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         parser.error(f"--only names conditions that are not in the {cfg.grid!r} grid: {sorted(unknown)}")
     sessions = previous.get("sessions", [])
 
-    def write_record(frame: pd.DataFrame, n_runs: int, status: str) -> None:
+    def write_record(frame: pd.DataFrame, status: str) -> None:
         wall = time.perf_counter() - start
         record = provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(),
                             config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
-                            only=only, cpu_count=os.cpu_count(), n_runs=n_runs,
+                            only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
                             n_seeds_complete=_complete_seeds(frame, cfg, only))
         record["commit"] = commit_at_start
         record["sessions"] = sessions + [{
@@ -415,10 +419,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         partial.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
         os.replace(partial, meta_path)
 
-    def checkpoint(n_runs: int) -> None:
+    def checkpoint(frame: pd.DataFrame) -> None:
         # After every finished run, so that a run killed without notice (SIGKILL, a machine that goes away) still
         # leaves a record of this session: status "running", with the wall time up to its last finished run.
-        write_record(pd.read_csv(out), n_runs, "running")
+        write_record(frame, "running")
 
     interrupted = False
     try:
@@ -430,7 +434,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
-    write_record(frame, len(frame), "interrupted" if interrupted else "finished")
+    write_record(frame, "interrupted" if interrupted else "finished")
     print(f"{len(frame)} runs in {out}; provenance in {meta_path}" + (" (interrupted)" if interrupted else ""))
     return frame
 
