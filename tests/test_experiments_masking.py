@@ -112,6 +112,51 @@ def test_masked_packed_run_gives_pads_nothing_and_never_flips(rows):
     assert rows[condition_id(cond())]["pad_mass"] == 0  # exactly, for -inf
 
 
+def test_in_distribution_flip_rate(rows):
+    """No pads against pads up to the training maximum: a packed encoder with any correct mask (and the masked mean)
+    never flips, while the stress test and the in-distribution test are both shares of the test set."""
+    for masking in ("neg_inf", "additive", "renormalize"):
+        assert rows[condition_id(cond(masking=masking))]["flip_rate_in"] == 0
+    assert rows[condition_id(cond(pooling="mean", masking="-"))]["flip_rate_in"] == 0
+    for row in rows.values():
+        assert 0 <= row["flip_rate_in"] <= 1
+
+
+def test_exact_length_batches_hold_no_pad():
+    import numpy as np
+
+    lengths = np.array([3, 1, 3, 2, 3, 1, 3])
+    batches = ex._exact_length_batches(lengths, batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(7))
+    assert all(len(set(lengths[b])) == 1 and len(b) <= 3 for b in batches)
+    assert [lengths[b[0]] for b in batches] == [1, 2, 3, 3]
+
+
+def test_store_upgrades_a_file_without_the_added_columns(tmp_path, data, two_conditions):
+    """A file written before ``flip_rate_in`` existed is rewritten with the column (NaN for its runs), its runs are
+    kept byte for byte in value, and the new runs append under the one header."""
+    out = tmp_path / "r.csv"
+    first = run_grid(replace(TINY, seeds=(0,)), data, out=out, device="cpu", show_progress=False)
+    pd.read_csv(out).drop(columns=list(ex.ADDED_COLUMNS)).to_csv(out, index=False)
+    calls = len(two_conditions)
+    frame = run_grid(TINY, data, out=out, device="cpu", show_progress=False)
+    stored = pd.read_csv(out)
+    assert len(two_conditions) == calls + 2 and len(frame) == len(stored) == 4
+    assert list(stored.columns) == ex._columns()
+    assert stored[stored.seed == 0].flip_rate_in.isna().all() and stored[stored.seed == 1].flip_rate_in.notna().all()
+    old = stored[stored.seed == 0].drop(columns=["flip_rate_in"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(old, first.drop(columns=["flip_rate_in"]).reset_index(drop=True),
+                                  check_dtype=False)
+
+
+def test_store_refuses_a_file_with_another_header(tmp_path, data, two_conditions):
+    out = tmp_path / "r.csv"
+    pd.DataFrame({"pooling": ["attention"], "seed": [0], "accuracy": [0.5]}).to_csv(out, index=False)
+    with pytest.raises(ValueError, match=r"header that does not match.*unknown \['accuracy'\]"):
+        run_grid(TINY, data, out=out, device="cpu", show_progress=False)
+    assert not two_conditions
+
+
 def test_unmasked_run_puts_attention_on_pads(rows):
     assert rows[condition_id(cond(masking="none"))]["pad_mass"] > 0.01
 

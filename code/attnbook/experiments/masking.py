@@ -72,7 +72,11 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: The columns of one run's row, after the condition's factors and ``seed``.
 RESULT_COLUMNS = ("test_accuracy", "val_accuracy", "pad_mass", "flip_rate", "nan_count", "zero_state_score",
                   "pad_score_mean", "real_score_mean", "real_score_std", "real_below_zero_state", "padding_fraction",
-                  "tokens_per_s", "train_time_s")
+                  "tokens_per_s", "train_time_s", "flip_rate_in")
+#: Result columns added after runs were first stored: a file without them is upgraded on resume (its stored runs
+#: get NaN there, since they were never measured), rather than refused.
+ADDED_COLUMNS = ("flip_rate_in",)
+_KEYS = ("pooling", "masking", "rnn_input", "batching", "precision", "seed")
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ class MaskingConfig(ModeConfig):
     """Data, model, training and grid of the masking experiments (quick: a 2-core CPU; full: a GPU, as the paper).
 
     Sizes are in reviews and tokens; ``None`` means all of the split. ``repad_to`` is the length (tokens) to which
-    test reviews are re-padded for the flip rate.
+    test reviews are re-padded for the stress flip rate (twice ``max_len``: outside the training distribution);
+    the in-distribution flip rate re-pads to ``max_len``.
     """
 
     source: str = "imdb"
@@ -186,6 +191,16 @@ def _sampler(batching: str, lengths: np.ndarray, batch_size: int, seed: int, shu
     return RandomBatchSampler(lengths, batch_size, shuffle=True, seed=seed)
 
 
+def _exact_length_batches(lengths: np.ndarray, batch_size: int) -> list[list[int]]:
+    """Batches in which every review has the same length, so that no batch holds a pad (ascending length)."""
+    order = np.argsort(lengths, kind="stable")
+    batches: list[list[int]] = []
+    for length in np.unique(lengths):
+        same = order[lengths[order] == length]
+        batches.extend(same[i : i + batch_size].tolist() for i in range(0, len(same), batch_size))
+    return batches
+
+
 def _autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return contextlib.nullcontext()
@@ -194,8 +209,9 @@ def _autocast(device: torch.device, precision: str):
 
 @torch.no_grad()
 def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingConfig, device: torch.device,
-              repad_to: int | None = None, seed: int = 12345) -> dict:
-    """Predictions and attention statistics on ``part`` under the condition's batching (fixed eval order)."""
+              repad_to: int | None = None, seed: int = 12345, unpadded: bool = False) -> dict:
+    """Predictions and attention statistics on ``part`` under the condition's batching (fixed eval order), or in
+    batches of reviews of one length, which hold no pad at all (``unpadded``)."""
     model.eval()
     side = _side(condition)
     n = len(part["labels"])
@@ -206,9 +222,11 @@ def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingC
     # caught by a hook rather than computed by running the encoder a second time.
     states = []
     hook = (model.encoder.register_forward_hook(lambda module, inputs, output: states.append(output))
-            if attention is not None and repad_to is None else None)
+            if attention is not None and repad_to is None and not unpadded else None)
+    batches = (_exact_length_batches(part["lengths"], cfg.eval_batch_size) if unpadded else
+               _sampler(condition["batching"], part["lengths"], cfg.eval_batch_size, seed, shuffle=False))
     try:
-        for index in _sampler(condition["batching"], part["lengths"], cfg.eval_batch_size, seed, shuffle=False):
+        for index in batches:
             ids, lengths, _ = _batch(part, index, side, repad_to)
             ids, lengths = ids.to(device), lengths.to(device)
             mask = padding_mask(lengths, ids.shape[1], side)
@@ -242,8 +260,11 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
     :data:`RESULT_COLUMNS`, ``device``).
 
     Measured: test and validation accuracy (the condition's batching; test reviews in a fixed order); ``pad_mass``,
-    the mean attention weight on pad positions over test reviews; ``flip_rate``, the share of test reviews whose
-    prediction changes when they are re-padded to ``cfg.repad_to`` tokens; ``nan_count``, non-finite training
+    the mean attention weight on pad positions over test reviews; ``flip_rate_in``, the share of test reviews whose
+    prediction changes between no padding at all (batches of reviews of one length) and padding to ``cfg.max_len``
+    tokens, the widest batch of training (the flip test inside the training distribution); ``flip_rate``, the
+    share whose prediction changes when the test batches are re-padded to ``cfg.repad_to`` tokens (twice the
+    training maximum in the presets: a stress test outside the training distribution); ``nan_count``, non-finite training
     losses (their steps are skipped) plus test reviews with non-finite logits; the score of an all-zero state
     ``tanh(b) . u_w`` against the scores of real tokens (argument 1) and the mean score at pad positions;
     ``padding_fraction`` of the training batches and real ``tokens_per_s`` in training (argument 2); and
@@ -288,6 +309,8 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
     val = _evaluate(model, data["validation"], condition, cfg, device)
     test = _evaluate(model, data["test"], condition, cfg, device)
     repadded = _evaluate(model, data["test"], condition, cfg, device, repad_to=cfg.repad_to)
+    unpadded = _evaluate(model, data["test"], condition, cfg, device, unpadded=True)
+    at_max = _evaluate(model, data["test"], condition, cfg, device, repad_to=cfg.max_len)
     nan = float("nan")
     return {**condition, "seed": seed, "test_accuracy": test["accuracy"], "val_accuracy": val["accuracy"],
             "pad_mass": test["pad_mass"], "flip_rate": float((repadded["preds"] != test["preds"]).mean()),
@@ -297,7 +320,7 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
             "real_below_zero_state": test.get("real_below_zero_state", nan),
             "padding_fraction": padding_fraction(train["lengths"], batches_seen) if batches_seen else nan,
             "tokens_per_s": tokens / train_time if train_time > 0 else nan, "train_time_s": train_time,
-            "device": describe_device(device)}
+            "flip_rate_in": float((unpadded["preds"] != at_max["preds"]).mean()), "device": describe_device(device)}
 
 
 def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: str) -> dict:
@@ -332,7 +355,8 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
     device = torch.device(device) if device is not None else get_device()
     data = prepare_data(cfg) if data is None else data
     out = Path(out) if out is not None else None
-    done = pd.read_csv(out) if out is not None and out.exists() and out.stat().st_size else pd.DataFrame()
+    done = _open_store(out) if out is not None else pd.DataFrame()
+    header = list(done.columns) if len(done.columns) else _columns()  # the file's order of columns
     finished = set(zip(done.apply(condition_id, axis=1), done.seed)) if len(done) else set()
     grid = [c for c in conditions(cfg.grid) if only is None or condition_id(c) in only]
     tasks = [(c, s) for s in cfg.seeds for c in grid if (condition_id(c), s) not in finished]
@@ -349,15 +373,44 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
         rows.append(row)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame([row]).to_csv(out, mode="a", header=not out.exists() or out.stat().st_size == 0,
-                                       index=False)
+            fresh = not out.exists() or out.stat().st_size == 0
+            pd.DataFrame([row]).reindex(columns=header).to_csv(out, mode="a", header=fresh, index=False)
         bar.update(1)
         if on_run is not None:
             on_run(so_far())
     bar.close()
     frame = so_far()
-    keys = ["pooling", "masking", "rnn_input", "batching", "precision", "seed"]
-    return frame.sort_values(keys, kind="stable").reset_index(drop=True) if len(frame) else frame
+    return frame.sort_values(list(_KEYS), kind="stable").reset_index(drop=True) if len(frame) else frame
+
+
+def _columns() -> list[str]:
+    """The header of a results file: the factors, ``seed``, :data:`RESULT_COLUMNS` and ``device``."""
+    return [*_KEYS, *RESULT_COLUMNS, "device"]
+
+
+def _open_store(out: Path) -> pd.DataFrame:
+    """The runs stored in ``out`` (empty if there is no file yet), with its header checked.
+
+    A file whose header lacks only :data:`ADDED_COLUMNS` is rewritten with them (NaN for the stored runs: they were
+    never measured), whole and then renamed, so that new rows can be appended under one header.
+
+    Raises:
+        ValueError: the header has columns that a run does not write, or lacks others.
+    """
+    if not out.exists() or out.stat().st_size == 0:
+        return pd.DataFrame()
+    done = pd.read_csv(out)
+    expected = _columns()
+    missing, unknown = [c for c in expected if c not in done.columns], [c for c in done.columns if c not in expected]
+    if unknown or set(missing) - set(ADDED_COLUMNS):
+        raise ValueError(f"{out} has a header that does not match the results of a run: missing {missing}, "
+                         f"unknown {unknown}; write to another --out")
+    if missing:
+        done = done.reindex(columns=expected)
+        partial = out.with_name(out.name + ".partial")
+        done.to_csv(partial, index=False)
+        os.replace(partial, out)
+    return done
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
