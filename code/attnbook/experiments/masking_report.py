@@ -1,0 +1,179 @@
+"""Chapter 5's answer, read from stored runs of the masking experiment: one row per *arm* (a paired comparison).
+
+Chapter 5, "Seq2vec attention and the padding-mask experiments" (``chapters/05_seq2vec_masking``), section "The
+answer". The runs come from :mod:`attnbook.experiments.masking` (its CSV, one row per run); this module only reads
+them. Every verdict word is chosen here from the data, never typed in the chapter:
+
+- an arm with fewer than ``min_pairs`` paired seeds is *not yet answered*, whatever its interval says;
+- otherwise the bootstrap 95% confidence interval of the mean paired difference decides: it excludes zero (a
+  difference, with its sign) or includes it (no difference resolved at this number of seeds).
+
+Holm's correction runs over the answered arms of one table, so adding an arm that has too few seeds changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..stats import compare_paired, holm
+from .masking import condition_id
+
+__all__ = ["Arm", "ARMS", "MIN_PAIRS", "answer_table", "format_answer", "verdict", "direction_agrees"]
+
+#: Paired seeds an arm needs before the chapter draws a verdict from it (issue "Chapter 5 gives its answer at full
+#: scale": at least 10, and 20 is the goal).
+MIN_PAIRS = 10
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One paired comparison: ``condition`` against ``baseline`` (both :func:`condition_id` keys), same seeds."""
+
+    name: str
+    question: str
+    condition: str
+    baseline: str
+
+
+def _cid(pooling: str, masking: str, rnn_input: str = "packed", batching: str = "random") -> str:
+    return condition_id(dict(pooling=pooling, masking=masking, rnn_input=rnn_input, batching=batching,
+                             precision="fp32"))
+
+
+#: The arms of chapter 5's answer: the central comparison, the two settings that argument 2 and the unpacked encoder
+#: ask about, the asker's own method, the simplest baseline, and bucketing itself.
+ARMS = (
+    Arm("mask", "−∞ mask against none (packed encoder, random batches)",
+        _cid("attention", "neg_inf"), _cid("attention", "none")),
+    Arm("mask, bucketed", "−∞ mask against none, bucketed batches",
+        _cid("attention", "neg_inf", batching="bucketed"), _cid("attention", "none", batching="bucketed")),
+    Arm("mask, unpacked", "−∞ mask against none, unpacked encoder (post-padding)",
+        _cid("attention", "neg_inf", "unpacked"), _cid("attention", "none", "unpacked")),
+    Arm("renormalize", "renormalize after the softmax against the −∞ mask",
+        _cid("attention", "renormalize"), _cid("attention", "neg_inf")),
+    Arm("mean pooling", "masked mean pooling against −∞-masked attention pooling",
+        _cid("mean", "-"), _cid("attention", "neg_inf")),
+    Arm("bucketing", "bucketed against random batches, no mask",
+        _cid("attention", "none", batching="bucketed"), _cid("attention", "none")),
+)
+
+_SIDES = {"pad_mass": "pad_mass", "flip_in": "flip_rate_in", "flip_stress": "flip_rate",
+          "tokens_per_s": "tokens_per_s"}
+
+
+def _paired(frame: pd.DataFrame, arm: Arm) -> pd.DataFrame:
+    """The runs of ``arm``'s two conditions restricted to the seeds that ran in both."""
+    runs = frame[frame.condition.isin([arm.condition, arm.baseline])]
+    seeds = runs.groupby("seed").condition.nunique()
+    return runs[runs.seed.isin(seeds[seeds == 2].index)]
+
+
+def verdict(n_pairs: int, ci_low: float, ci_high: float, min_pairs: int = MIN_PAIRS) -> str:
+    """The verdict words for one arm: ``"not yet answered"``, ``"higher"``, ``"lower"`` or ``"no difference
+    resolved"``, chosen from the number of paired seeds and the confidence interval (see the module docstring)."""
+    if n_pairs < min_pairs or not (np.isfinite(ci_low) and np.isfinite(ci_high)):
+        return "not yet answered"
+    if ci_low > 0:
+        return "higher"
+    if ci_high < 0:
+        return "lower"
+    return "no difference resolved"
+
+
+def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: str = "test_accuracy",
+                 min_pairs: int = MIN_PAIRS, n_resamples: int = 9999, seed: int = 0) -> pd.DataFrame:
+    """One row per arm: the paired change in ``value`` and the other measurements of both sides.
+
+    Args:
+        frame: runs, one row each, with the factor columns of :mod:`attnbook.experiments.masking`, ``seed`` and the
+            result columns (a stored ``results/masking_full.csv`` read with pandas). A ``flip_rate_in`` column may be
+            missing or NaN for runs stored before it was measured.
+        arms: the comparisons.
+        value: the compared result (a fraction for accuracy: a difference of 0.003 is 0.3 points).
+        min_pairs: paired seeds needed for a verdict and for Holm's correction.
+        n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
+
+    Returns:
+        Columns ``arm, question, condition, baseline, n_pairs, mean_baseline, mean_condition, mean_diff, ci_low,
+        ci_high, n_better, n_worse, p_value, p_holm, rank_biserial, verdict``, and for each side (``_condition``,
+        ``_baseline``) the means over the paired seeds of ``pad_mass``, ``flip_in`` (re-pad inside the training
+        distribution), ``flip_stress`` (re-pad to twice the training maximum) and ``tokens_per_s``. An arm with
+        fewer than 2 paired seeds has NaN statistics; ``p_holm`` is NaN for arms that are not yet answered.
+
+    Raises:
+        ValueError: ``frame`` lacks the factor, ``seed`` or ``value`` columns, or a (condition, seed) run occurs
+            twice.
+    """
+    needed = {"pooling", "masking", "rnn_input", "batching", "precision", "seed", value}
+    missing = sorted(needed - set(frame.columns))
+    if missing:
+        raise ValueError(f"frame lacks the columns {missing}")
+    frame = frame.assign(condition=frame.apply(condition_id, axis=1) if len(frame) else pd.Series(dtype=str))
+    duplicated = frame.duplicated(["condition", "seed"])
+    if duplicated.any():
+        raise ValueError(f"runs occur twice: {frame.loc[duplicated, ['condition', 'seed']].values.tolist()[:5]}")
+    rows = []
+    for arm in arms:
+        runs = _paired(frame, arm)
+        n = runs.seed.nunique()
+        row: dict = {"arm": arm.name, "question": arm.question, "condition": arm.condition, "baseline": arm.baseline,
+                     "n_pairs": n}
+        stats = dict.fromkeys(["mean_baseline", "mean_condition", "mean_diff", "ci_low", "ci_high", "p_value",
+                               "rank_biserial"], np.nan)
+        stats.update(n_better=0, n_worse=0)
+        if n >= 2:
+            table = compare_paired(runs, value=value, condition="condition", baseline=arm.baseline,
+                                   comparisons=[arm.condition], n_resamples=n_resamples, seed=seed).iloc[0]
+            stats = {k: table[k] for k in stats}
+        row.update(stats)
+        for key, column in _SIDES.items():
+            for side in ("condition", "baseline"):
+                values = runs.loc[runs.condition == getattr(arm, side), column] if column in runs else pd.Series()
+                row[f"{key}_{side}"] = float(values.mean()) if values.notna().any() else np.nan
+        row["verdict"] = verdict(n, row["ci_low"], row["ci_high"], min_pairs)
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["p_holm"] = np.nan
+    answered = out.verdict != "not yet answered"
+    if answered.any():
+        out.loc[answered, "p_holm"] = holm(out.loc[answered, "p_value"].to_numpy())
+    return out
+
+
+def format_answer(table: pd.DataFrame) -> pd.DataFrame:
+    """The reader's version of :func:`answer_table`: accuracy in points, rates in percent, tokens per second as
+    condition / baseline, and missing measurements as "–" (a dash). One row per arm, indexed by the arm's name."""
+    def pct(x, digits=2):
+        return "–" if not np.isfinite(x) else f"{100 * x:.{digits}f}%"
+
+    def pair(a, b, f):
+        return f"{f(a)} / {f(b)}"
+
+    rows = {}
+    for _, t in table.iterrows():
+        answered = np.isfinite(t.mean_diff)
+        rows[t.arm] = {
+            "seeds": int(t.n_pairs),
+            "accuracy change (points)": (f"{100 * t.mean_diff:+.2f} [{100 * t.ci_low:+.2f}, {100 * t.ci_high:+.2f}]"
+                                         if answered else "–"),
+            "better / worse": f"{int(t.n_better)} / {int(t.n_worse)}" if answered else "–",
+            "Wilcoxon p (Holm)": f"{t.p_value:.3f} ({t.p_holm:.3f})" if np.isfinite(t.p_holm) else
+            (f"{t.p_value:.3f}" if answered else "–"),
+            "rank-biserial": f"{t.rank_biserial:+.2f}" if answered else "–",
+            "pad mass": pair(t.pad_mass_condition, t.pad_mass_baseline, pct),
+            "flip rate": pair(t.flip_in_condition, t.flip_in_baseline, pct),
+            "flip rate, 2× stress": pair(t.flip_stress_condition, t.flip_stress_baseline, pct),
+            "tokens/s": pair(t.tokens_per_s_condition, t.tokens_per_s_baseline,
+                             lambda x: "–" if not np.isfinite(x) else f"{x:,.0f}"),
+            "verdict": t.verdict,
+        }
+    return pd.DataFrame(rows).T.rename_axis("arm")
+
+
+def direction_agrees(quick_diff: float, stored_diff: float) -> bool:
+    """Whether a quick run's mean paired difference has the sign of the stored one (a zero difference agrees with
+    nothing but zero)."""
+    return bool(np.sign(quick_diff) == np.sign(stored_diff))

@@ -1,0 +1,103 @@
+"""Chapter 5's answer table (attnbook.experiments.masking_report) on synthetic runs whose answer is known: the
+verdict words follow the interval and the number of paired seeds, only complete pairs count, Holm runs over the
+answered arms alone, and the reader's table shows points and percentages."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnbook.experiments.masking_report import (ARMS, MIN_PAIRS, Arm, answer_table, direction_agrees,
+                                                 format_answer, verdict)
+from attnbook.stats import compare_paired
+
+FACTORS = ["pooling", "masking", "rnn_input", "batching", "precision"]
+
+
+def runs(condition: str, seeds, accuracy, **extra) -> pd.DataFrame:
+    factors = dict(zip(FACTORS, condition.split("/")))
+    frame = pd.DataFrame({**factors, "seed": list(seeds), "test_accuracy": accuracy})
+    for key, value in extra.items():
+        frame[key] = value
+    return frame
+
+
+def central(n, shift, seed=0, **extra):
+    rng = np.random.default_rng(seed)
+    base = 0.85 + 0.01 * rng.standard_normal(n)
+    noise = 0.001 * rng.standard_normal(n)
+    arm = ARMS[0]
+    return pd.concat([runs(arm.baseline, range(n), base, **extra),
+                      runs(arm.condition, range(n), base + shift + noise, **extra)], ignore_index=True)
+
+
+def test_a_clear_gain_is_higher_and_matches_compare_paired():
+    frame = central(12, 0.01)
+    table = answer_table(frame, n_resamples=999).set_index("arm")
+    row = table.loc["mask"]
+    assert row.verdict == "higher" and row.n_pairs == 12 and row.n_better == 12
+    frame["condition"] = frame[FACTORS].astype(str).agg("/".join, axis=1)
+    reference = compare_paired(frame, value="test_accuracy", condition="condition", baseline=ARMS[0].baseline,
+                               n_resamples=999).iloc[0]
+    for key in ("mean_diff", "ci_low", "ci_high", "p_value", "rank_biserial"):
+        assert row[key] == pytest.approx(reference[key])
+    assert row.p_holm == pytest.approx(row.p_value)  # the only answered arm
+    assert (table.drop(index="mask").verdict == "not yet answered").all()
+    assert table.drop(index="mask").p_holm.isna().all()
+
+
+def test_a_loss_is_lower_and_no_effect_is_unresolved():
+    assert answer_table(central(12, -0.01), n_resamples=999).verdict.iloc[0] == "lower"
+    rng = np.random.default_rng(1)
+    arm = ARMS[0]
+    noisy = pd.concat([runs(arm.baseline, range(12), 0.85 + 0.01 * rng.standard_normal(12)),
+                       runs(arm.condition, range(12), 0.85 + 0.01 * rng.standard_normal(12))])
+    row = answer_table(noisy, n_resamples=999).iloc[0]
+    assert row.ci_low < 0 < row.ci_high and row.verdict == "no difference resolved"
+
+
+def test_too_few_pairs_give_no_verdict_whatever_the_interval():
+    row = answer_table(central(MIN_PAIRS - 1, 0.05), n_resamples=999).iloc[0]
+    assert row.ci_low > 0 and row.verdict == "not yet answered" and np.isnan(row.p_holm)
+    assert answer_table(central(MIN_PAIRS - 1, 0.05), min_pairs=5, n_resamples=999).verdict.iloc[0] == "higher"
+
+
+def test_only_seeds_in_both_conditions_are_paired():
+    frame = central(12, 0.01)
+    arm = ARMS[0]
+    extra = runs(arm.condition, [50, 51], [0.0, 0.0])  # no baseline for these seeds
+    row = answer_table(pd.concat([frame, extra]), n_resamples=999).iloc[0]
+    assert row.n_pairs == 12 and row.mean_condition > 0.8
+
+
+def test_holm_runs_over_answered_arms():
+    arm2 = Arm("other", "q", "attention/neg_inf/packed/bucketed/fp32", "attention/none/packed/bucketed/fp32")
+    a = central(12, 0.01)
+    b = central(12, 0.01, seed=3)
+    b["batching"] = "bucketed"
+    table = answer_table(pd.concat([a, b]), (ARMS[0], arm2), n_resamples=999)
+    assert (table.p_holm >= table.p_value).all() and table.p_holm.notna().all()
+
+
+def test_side_measurements_and_missing_flip_in():
+    frame = central(12, 0.01, pad_mass=0.1, flip_rate=0.02, tokens_per_s=1000.0)
+    row = answer_table(frame, n_resamples=999).iloc[0]
+    assert row.pad_mass_condition == pytest.approx(0.1) and np.isnan(row.flip_in_condition)
+    shown = format_answer(answer_table(frame, n_resamples=999)).loc["mask"]
+    assert shown["flip rate"] == "– / –" and shown["flip rate, 2× stress"] == "2.00% / 2.00%"
+    assert shown["accuracy change (points)"].startswith(("+0.9", "+1.0")) and shown["verdict"] == "higher"
+    assert shown["tokens/s"] == "1,000 / 1,000"
+
+
+def test_bad_frames_are_refused():
+    with pytest.raises(ValueError, match="lacks the columns"):
+        answer_table(pd.DataFrame({"seed": [0]}))
+    frame = central(3, 0.01)
+    with pytest.raises(ValueError, match="occur twice"):
+        answer_table(pd.concat([frame, frame.iloc[:1]]))
+
+
+def test_verdict_words_and_direction():
+    assert verdict(20, 0.001, 0.01) == "higher" and verdict(20, -0.01, -0.001) == "lower"
+    assert verdict(20, -0.01, 0.01) == "no difference resolved" and verdict(3, 0.1, 0.2) == "not yet answered"
+    assert verdict(20, float("nan"), 0.1) == "not yet answered"
+    assert direction_agrees(0.01, 0.003) and not direction_agrees(-0.01, 0.003) and not direction_agrees(0.0, 0.1)
