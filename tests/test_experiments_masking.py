@@ -394,3 +394,20 @@ def test_complete_seeds_count_the_only_conditions_when_given():
     assert ex._complete_seeds(frame, TINY, only) == 1
     assert ex._complete_seeds(frame, TINY) == 0                # the "chapter" grid has 5 conditions
     assert ex._complete_seeds(frame.iloc[:0], TINY, only) == 0
+
+
+@pytest.mark.parametrize("masking", ["none", "neg_inf"])
+def test_packed_unpadded_predictions_equal_batches_of_one_length(data, masking):
+    """The packed shortcut (encoder on sorted batches, pooling per review) predicts as the unpacked path's batches
+    of reviews of one length, which hold no pad at all (for "none" the pads would change the pooled vector)."""
+    from attnbook.models import BiGRUClassifier
+
+    condition = cond(masking=masking)
+    torch.manual_seed(0)
+    model = BiGRUClassifier(data["vocab_size"], TINY.embed_size, TINY.hidden_size, TINY.attention_size,
+                            masking=masking).eval()
+    fast = ex._unpadded_predictions(model, data["test"], condition, TINY, torch.device("cpu"))
+    model.encoder.packed = False  # same weights, exact-length batches: no pad is ever read
+    slow = ex._unpadded_predictions(model, data["test"], condition, TINY, torch.device("cpu"))
+    model.encoder.packed = True
+    assert (fast == slow).all() and len(fast) == len(data["test"]["labels"])

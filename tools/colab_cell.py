@@ -1,12 +1,10 @@
-# Colab set-up, hidden on the website. On Colab it installs attnbook from the book's repository;
-# elsewhere (a local clone, the book build) it does nothing.
+# Colab set-up, hidden on the website. On Colab it installs attnbook from the
+# book's repository; elsewhere (a local clone, the book build) it does nothing.
 import importlib.util
 import subprocess
 import sys
 
 REPO_URL = "https://github.com/attnbook/attention-masked-unmasked"
 if "google.colab" in sys.modules and importlib.util.find_spec("attnbook") is None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", f"git+{REPO_URL}@main#subdirectory=code"],
-        check=True,
-    )
+    url = f"git+{REPO_URL}@main#subdirectory=code"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", url], check=True)

@@ -209,9 +209,8 @@ def _autocast(device: torch.device, precision: str):
 
 @torch.no_grad()
 def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingConfig, device: torch.device,
-              repad_to: int | None = None, seed: int = 12345, unpadded: bool = False) -> dict:
-    """Predictions and attention statistics on ``part`` under the condition's batching (fixed eval order), or in
-    batches of reviews of one length, which hold no pad at all (``unpadded``)."""
+              repad_to: int | None = None, seed: int = 12345) -> dict:
+    """Predictions and attention statistics on ``part`` under the condition's batching (fixed eval order)."""
     model.eval()
     side = _side(condition)
     n = len(part["labels"])
@@ -222,11 +221,9 @@ def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingC
     # caught by a hook rather than computed by running the encoder a second time.
     states = []
     hook = (model.encoder.register_forward_hook(lambda module, inputs, output: states.append(output))
-            if attention is not None and repad_to is None and not unpadded else None)
-    batches = (_exact_length_batches(part["lengths"], cfg.eval_batch_size) if unpadded else
-               _sampler(condition["batching"], part["lengths"], cfg.eval_batch_size, seed, shuffle=False))
+            if attention is not None and repad_to is None else None)
     try:
-        for index in batches:
+        for index in _sampler(condition["batching"], part["lengths"], cfg.eval_batch_size, seed, shuffle=False):
             ids, lengths, _ = _batch(part, index, side, repad_to)
             ids, lengths = ids.to(device), lengths.to(device)
             mask = padding_mask(lengths, ids.shape[1], side)
@@ -253,6 +250,39 @@ def _evaluate(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingC
                    real_score_mean=float(real.mean()), real_score_std=float(real.std()),
                    real_below_zero_state=float((real < zero).mean()))
     return out
+
+
+@torch.no_grad()
+def _unpadded_predictions(model: BiGRUClassifier, part: dict, condition: dict, cfg: MaskingConfig,
+                          device: torch.device) -> np.ndarray:
+    """The predictions on ``part`` with no pad at all: each review as if it were alone.
+
+    An unpacked encoder reads the pads, so it runs on batches of reviews of one length. A packed encoder never reads
+    them, so its states at real positions do not depend on the padding: it runs on length-sorted batches, and only
+    the pooling and the classifier run per review, over its real states alone (the same predictions, far fewer
+    small batches)."""
+    model.eval()
+    preds = np.zeros(len(part["labels"]), dtype=np.int64)
+    side = _side(condition)
+    if not model.encoder.packed:
+        for index in _exact_length_batches(part["lengths"], cfg.eval_batch_size):
+            ids, lengths, _ = _batch(part, index, side)
+            with _autocast(device, condition["precision"]):
+                logits, _ = model(ids.to(device), lengths.to(device))
+            preds[index] = logits.float().argmax(-1).cpu().numpy()
+        return preds
+    order = np.argsort(part["lengths"], kind="stable")
+    for start in range(0, len(order), cfg.eval_batch_size):
+        index = order[start : start + cfg.eval_batch_size]
+        ids, lengths, _ = _batch(part, index, side)
+        ids, lengths = ids.to(device), lengths.to(device)
+        with _autocast(device, condition["precision"]):
+            states = model.encoder(model.embedding(ids), lengths)
+            for row, length in enumerate(lengths.tolist()):
+                real = states[row : row + 1, :length]
+                pooled, _ = model.pooling(real, torch.ones(1, length, dtype=torch.bool, device=device))
+                preds[index[row]] = int(model.classifier(pooled).float().argmax(-1))
+    return preds
 
 
 def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: torch.device | str = "cpu") -> dict:
@@ -309,7 +339,7 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
     val = _evaluate(model, data["validation"], condition, cfg, device)
     test = _evaluate(model, data["test"], condition, cfg, device)
     repadded = _evaluate(model, data["test"], condition, cfg, device, repad_to=cfg.repad_to)
-    unpadded = _evaluate(model, data["test"], condition, cfg, device, unpadded=True)
+    unpadded = _unpadded_predictions(model, data["test"], condition, cfg, device)
     at_max = _evaluate(model, data["test"], condition, cfg, device, repad_to=cfg.max_len)
     nan = float("nan")
     return {**condition, "seed": seed, "test_accuracy": test["accuracy"], "val_accuracy": val["accuracy"],
@@ -320,7 +350,7 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
             "real_below_zero_state": test.get("real_below_zero_state", nan),
             "padding_fraction": padding_fraction(train["lengths"], batches_seen) if batches_seen else nan,
             "tokens_per_s": tokens / train_time if train_time > 0 else nan, "train_time_s": train_time,
-            "flip_rate_in": float((unpadded["preds"] != at_max["preds"]).mean()), "device": describe_device(device)}
+            "flip_rate_in": float((unpadded != at_max["preds"]).mean()), "device": describe_device(device)}
 
 
 def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: str) -> dict:
