@@ -483,7 +483,7 @@ def test_dot_general_errors():
 
 
 def test_cosine_and_multi_head_constructor_errors():
-    with pytest.raises(ValueError, match="init_scale must be positive, got 0.0"):
+    with pytest.raises(ValueError, match="init_scale must be positive and finite, got 0.0"):
         CosineAttention(init_scale=0.0)
     with pytest.raises(ValueError, match="positive multiple of num_heads, got embed_dim=10, num_heads=3"):
         MultiHeadAttention(10, 3)

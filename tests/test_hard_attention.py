@@ -138,7 +138,7 @@ def test_straight_through_forward_and_backward():
 
 
 def test_gumbel_softmax_errors():
-    with pytest.raises(ValueError, match="tau must be positive, got 0"):
+    with pytest.raises(ValueError, match="tau must be positive and finite, got 0"):
         gumbel_softmax(torch.zeros(3), tau=0)
     with pytest.raises(TypeError, match="logits must be a floating torch.Tensor"):
         gumbel_softmax(torch.zeros(3, dtype=torch.long))

@@ -2,10 +2,14 @@
 over shortened reviews (leave-one-out), scipy's kendalltau on hand-made rankings, exact invariances (permuting
 uniform weights changes nothing), and padding invariance of the classifier."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from scipy.stats import kendalltau
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from attnbook.interpret import (AttentionClassifier, gradient_importance, kendall_tau, leave_one_out_importance,
                                 permutation_effect, uniform_weights)
@@ -78,6 +82,94 @@ def test_leave_one_out_matches_an_explicit_loop(encoder):
             p = torch.sigmoid(model(short, torch.tensor([n - 1]))[0])
             assert torch.isclose(loo[i, t], (p - full).abs().float()[0], atol=1e-6)
         assert torch.all(loo[i, n:] == 0)
+
+
+class _RecordingModel(torch.nn.Module):
+    """Wraps a classifier and records the shape of every ids tensor it is called with."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.shapes = model, []
+
+    def embed(self, ids):
+        return self.model.embed(ids)
+
+    def forward(self, ids, lengths, **kwargs):
+        self.shapes.append(tuple(ids.shape))
+        return self.model(ids, lengths, **kwargs)
+
+
+def _leave_one_out_all_at_once(model, ids, lengths, batch_size):
+    """The former implementation, which built every shortened variant before batching (memory ~ B * T**2)."""
+    probs = torch.sigmoid(model(ids, lengths)[0])
+    out = torch.zeros(ids.shape, dtype=torch.float32)
+    variants, owners = [], []
+    for i in range(ids.shape[0]):
+        n = int(lengths[i])
+        if n < 2:
+            continue
+        keep = ~torch.eye(n, dtype=torch.bool)
+        shortened = ids[i, :n].expand(n, n)[keep].reshape(n, n - 1)
+        variants.append(torch.nn.functional.pad(shortened, (0, ids.shape[1] - (n - 1))))
+        owners.extend((i, t) for t in range(n))
+    variants = torch.cat(variants)
+    new_lengths = torch.tensor([int(lengths[i]) - 1 for i, _ in owners])
+    new_probs = torch.cat([torch.sigmoid(model(variants[s:s + batch_size], new_lengths[s:s + batch_size])[0])
+                           for s in range(0, len(variants), batch_size)])
+    rows, cols = torch.tensor([i for i, _ in owners]), torch.tensor([t for _, t in owners])
+    out[rows, cols] = (new_probs - probs[rows]).abs().float()
+    return out
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+@pytest.mark.parametrize("batch_size", [1, 4, 100])
+def test_leave_one_out_scores_batch_by_batch_with_identical_results(encoder, batch_size):
+    model = _RecordingModel(_model(encoder))
+    ids, lengths = _batch(seed=1)
+    ids[1, 3:] = 9                                   # padding that is not 0: the variants must still pad with 0
+    loo = leave_one_out_importance(model, ids, lengths, batch_size=batch_size)
+    assert model.shapes[0] == (4, 7)                 # the full batch, once
+    assert all(shape[0] <= batch_size and shape[1] == 7 for shape in model.shapes[1:])
+    assert max(math.prod(shape) for shape in model.shapes[1:]) <= batch_size * 7
+    assert len(model.shapes) == 1 + math.ceil(15 / batch_size)    # 7 + 3 + 5 variants (the length-1 row has none)
+    assert torch.equal(loo, _leave_one_out_all_at_once(model.model, ids, lengths, batch_size))
+
+
+class _LargestStorage(TorchDispatchMode):
+    """Records the largest storage (in elements) of any tensor that an aten op returns while the mode is active."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.untyped_storage().nbytes() // t.element_size())
+        return out
+
+
+class _CheapModel(torch.nn.Module):
+    """Follows the protocol with no tensor larger than its input: logit = mean id / 10."""
+
+    def forward(self, ids, lengths):
+        return ids.double().mean(-1) / 10, None
+
+
+def test_leave_one_out_memory_grows_with_batch_size_times_length_not_length_squared():
+    """Old: every shortened variant of every row in one (sum of lengths, T) tensor before scoring (~ B * T**2)."""
+    b, t, batch_size = 3, 40, 8
+    lengths = torch.tensor([40, 35, 1])
+    ids = torch.randint(1, 20, (b, t), generator=torch.Generator().manual_seed(0)) * lengths_to_mask(lengths, t)
+    with _LargestStorage() as mode:
+        loo = leave_one_out_importance(_CheapModel(), ids, lengths, batch_size=batch_size)
+    assert mode.largest <= max(b, batch_size) * t                # 320 elements; the old code made 75 * 40 = 3000
+    assert torch.equal(loo, _leave_one_out_all_at_once(_CheapModel(), ids, lengths, batch_size))
+
+
+def test_leave_one_out_batch_size_must_be_positive():
+    ids, lengths = _batch()
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        leave_one_out_importance(_model("none"), ids, lengths, batch_size=0)
 
 
 def test_kendall_tau_against_scipy():

@@ -22,6 +22,11 @@ opposite polarity (True = ignored): pass ``~mask`` to it.
 Every module has the call signature ``(queries, keys, values, mask=None)``, keeps the weights of its last forward
 pass in ``.attention_weights`` (detached) and exposes ``scores(queries, keys)``, so that a model (e.g. a seq2seq
 decoder or an attention-pooling layer) can plug in any of them.
+
+Dtypes: every function and module accepts fp16, bf16, fp32 and fp64 (queries, keys and values of one dtype). For
+fp16/bf16 inputs the softmax and the weighted sum (and, in the dot-product attentions, the scores) are computed in
+fp32, as the fused kernels do, and the results are cast back to the input dtype: finite inputs then give finite
+outputs even where their scores exceed the fp16 range. ``scores(queries, keys)`` returns the input dtype.
 """
 
 from __future__ import annotations
@@ -96,6 +101,29 @@ def _check_dropout(p: float) -> float:
     return float(p)
 
 
+def _check_scale(scale: float | None, d_k: int) -> float:
+    """The score scale as a finite float; ``None`` = ``1 / sqrt(d_k)`` (``1.0`` when ``d_k = 0``, where every
+    score is the empty sum 0 and the scale does not matter)."""
+    if scale is None:
+        return 1.0 / math.sqrt(d_k) if d_k > 0 else 1.0
+    try:
+        value = float(scale)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"scale must be a real number or None, got {scale!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be a finite number, got {value}")
+    return value
+
+
+#: Dtypes whose scores and softmax are computed in fp32, as the fused kernels do.
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for fp16/bf16 (whose range a product of finite inputs easily exceeds), else ``dtype`` itself."""
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
 def causal_mask(n_queries: int, n_keys: int | None = None, device: torch.device | str | None = None) -> Tensor:
     """Bool mask ``(n_queries, n_keys)``, True where key ``j <= i + (n_keys - n_queries)``: each query sees itself
     and the past (True = takes part).
@@ -130,14 +158,18 @@ def scaled_dot_product_attention(
     """``softmax(q k^T * scale, masked) v``, with zero output for a query whose keys are all masked.
 
     Args:
-        q: queries ``(..., n_queries, d_k)``, any float dtype.
+        q: queries ``(..., n_queries, d_k)``, any float dtype (fp16, bf16, fp32, fp64). Any size may be 0:
+            no queries give an empty output, no keys make every row fully masked (zero output), and ``d_k = 0``
+            makes every score the empty sum 0 (uniform weights over the valid keys), as in torch's function.
         k: keys ``(..., n_keys, d_k)``, same dtype.
         v: values ``(..., n_keys, d_v)``, same dtype. The batch dims ``...`` of ``q``, ``k``, ``v`` broadcast
             (e.g. one learned query ``(1, 1, d_k)`` against keys ``(batch, n_keys, d_k)``).
         mask: bool, broadcastable to ``(..., n_queries, n_keys)``; True = the key takes part (same convention as
             ``torch.nn.functional.scaled_dot_product_attention``). ``None`` = every key takes part. Typical
             shapes: ``(batch, 1, n_keys)`` (key padding), ``(n_queries, n_keys)`` (causal, :func:`causal_mask`).
-        scale: multiplies the scores; ``None`` = ``1 / sqrt(d_k)``. ``1.0`` gives plain dot-product attention.
+        scale: a finite real number that multiplies the scores; ``None`` = ``1 / sqrt(d_k)`` (``1.0`` if
+            ``d_k = 0``). ``1.0`` gives plain dot-product attention, ``0.0`` uniform weights over the valid keys,
+            and a negative scale favours the least similar keys (all as in torch's function).
         dropout_p: probability of zeroing a weight (the rest are scaled by ``1 / (1 - dropout_p)``), applied
             whenever it is > 0, as in torch's function; modules pass 0 in eval mode.
         return_weights: False = the fast path, which delegates to the fused
@@ -149,27 +181,30 @@ def scaled_dot_product_attention(
         ``(..., n_queries, n_keys)``: the weights before dropout, which equal
         ``attnbook.masking.masked_softmax(q @ k.mT * scale, mask)``. Weights sum to 1 over the keys, masked
         weights are exactly 0, and a query with no valid key gets all-zero weights and a zero output (and zero
-        gradient), never NaN, in fp16, bf16, fp32 and fp64.
+        gradient), never NaN, in fp16, bf16, fp32 and fp64. Output and weights have the inputs' dtype.
 
     Raises:
-        TypeError: an input is not a floating tensor, the dtypes differ, or ``mask`` is not bool.
+        TypeError: an input is not a floating tensor, the dtypes differ, ``mask`` is not bool, or ``scale`` is
+            not a real number.
         ValueError: ``q`` and ``k`` differ in ``d_k``, ``k`` and ``v`` in ``n_keys``, the batch dims do not
             broadcast, ``mask`` does not broadcast to ``(..., n_queries, n_keys)`` (the messages give the shapes),
-            or ``dropout_p`` is outside ``[0, 1)``.
+            ``dropout_p`` is outside ``[0, 1)``, or ``scale`` is NaN or infinite.
 
     Vaswani et al. (2017), eq. 1. Chapter 3, sections "Dot-product and scaled dot-product attention" and "Why
-    divide by sqrt(d_k)". In fp32 and fp64 the explicit path folds the mask into the matrix product as an
-    additive bias of 0 and ``-inf`` (not ``finfo.min``, which overflows to ``-inf`` in fp16 and turns a fully
-    masked row into a uniform one); in fp16 and bf16 it calls :func:`attnbook.masking.masked_softmax` on the
-    scores. Rows with no valid key are computed unmasked and then zeroed, in both paths.
+    divide by sqrt(d_k)". The explicit path folds the mask into the matrix product as an additive bias of 0 and
+    ``-inf`` (not ``finfo.min``, which overflows to ``-inf`` in fp16 and turns a fully masked row into a uniform
+    one). fp16/bf16 inputs: the scores, the softmax and the weighted sum are computed in fp32, as the fused kernels
+    do, and the output and weights are cast back to the input dtype (scores of finite fp16 inputs can exceed the
+    fp16 range, and ``inf - inf`` in the softmax would give NaN). Rows with no valid key are computed unmasked and
+    then zeroed, in both paths.
     """
     batch = _check_qkv(q, k, v)
-    n_q, d_k, n_k = q.shape[-2], q.shape[-1], k.shape[-2]
+    n_q, d_k, n_k, d_v = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     _check_mask(mask, (*batch, n_q, n_k))
     dropout_p = _check_dropout(dropout_p)
-    scale = 1.0 / math.sqrt(d_k) if scale is None else float(scale)
-    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    scale = _check_scale(scale, d_k)
     if not return_weights:
+        zero = torch.zeros((), dtype=q.dtype, device=q.device)
         q, k, v = (x.expand(*batch, *x.shape[-2:]) for x in (q, k, v))
         if mask is None:
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
@@ -181,28 +216,29 @@ def scaled_dot_product_attention(
                                              scale=scale)
         return torch.where(row_has_key, out, zero)
 
-    # Explicit path: bmm over the flattened batch, masked softmax, bmm.
-    q3 = q.expand(*batch, n_q, d_k).reshape(-1, n_q, d_k)
-    k3 = k.expand(*batch, n_k, d_k).reshape(-1, n_k, d_k)
-    v3 = v.expand(*batch, n_k, v.shape[-1]).reshape(-1, n_k, v.shape[-1])
+    # Explicit path: bmm over the flattened batch (of n_b elements, possibly 0), masked softmax, bmm; in fp32 for
+    # fp16/bf16 inputs, whose range the scores of finite inputs easily exceed (inf - inf = NaN in the softmax).
+    dtype, compute = q.dtype, _compute_dtype(q.dtype)
+    n_b = math.prod(batch)
+    q3 = q.expand(*batch, n_q, d_k).reshape(n_b, n_q, d_k).to(compute)
+    k3 = k.expand(*batch, n_k, d_k).reshape(n_b, n_k, d_k).to(compute)
+    v3 = v.expand(*batch, n_k, d_v).reshape(n_b, n_k, d_v).to(compute)
     if mask is None:
         weights = torch.softmax(torch.bmm(q3 * scale, k3.transpose(1, 2)), dim=-1)
-    elif q.dtype in (torch.float32, torch.float64):
+    else:
         mask = mask.reshape((1,) * (len(batch) + 2 - mask.dim()) + tuple(mask.shape))
         row_has_key = mask.any(-1, keepdim=True)
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+        bias = torch.zeros(mask.shape, dtype=compute, device=q.device).masked_fill_(
             ~(mask | ~row_has_key), float("-inf"))
         bias = bias.reshape(1, *bias.shape[-2:]) if bias.shape[:-2].numel() == 1 else \
-            bias.expand(*batch, *bias.shape[-2:]).reshape(-1, *bias.shape[-2:])
+            bias.expand(*batch, *bias.shape[-2:]).reshape(n_b, *bias.shape[-2:])
         weights = torch.softmax(torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=scale), dim=-1)
         if not bool(row_has_key.all()):
-            weights = torch.where(row_has_key, weights.reshape(*batch, n_q, n_k), zero).reshape(-1, n_q, n_k)
-    else:
-        scores = torch.bmm(q3 * scale, k3.transpose(1, 2)).reshape(*batch, n_q, n_k)
-        weights = masked_softmax(scores, mask).reshape(-1, n_q, n_k)
+            zero = torch.zeros((), dtype=compute, device=q.device)
+            weights = torch.where(row_has_key, weights.reshape(*batch, n_q, n_k), zero).reshape(n_b, n_q, n_k)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    out = torch.bmm(dropped, v3).reshape(*batch, n_q, v.shape[-1])
-    return out, weights.reshape(*batch, n_q, n_k)
+    out = torch.bmm(dropped, v3).reshape(*batch, n_q, d_v)
+    return out.to(dtype), weights.reshape(*batch, n_q, n_k).to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------- modules
@@ -222,9 +258,11 @@ class _ScoredAttention(nn.Module):
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
         batch = _check_qkv(queries, keys, values, same_d=self.same_d)
         _check_mask(mask, (*batch, queries.shape[-2], keys.shape[-2]))
-        weights = masked_softmax(self.scores(queries, keys), mask)
-        self.attention_weights = weights.detach()
-        return F.dropout(weights, self.dropout, self.training) @ values
+        scores = self.scores(queries, keys)
+        weights = masked_softmax(scores.to(_compute_dtype(scores.dtype)), mask)  # fp32 for fp16/bf16
+        self.attention_weights = weights.detach().to(values.dtype)
+        out = F.dropout(weights, self.dropout, self.training) @ values.to(weights.dtype)
+        return out.to(values.dtype)
 
 
 class AdditiveAttention(_ScoredAttention):
@@ -241,7 +279,8 @@ class AdditiveAttention(_ScoredAttention):
     Call: ``(queries (..., n_queries, d_q), keys (..., n_keys, d_k), values (..., n_keys, d_v), mask=None)``
     -> ``(..., n_queries, d_v)``; ``mask`` is bool, True = takes part, broadcastable to
     ``(..., n_queries, n_keys)``, e.g. a source key-padding mask ``(batch, 1, n_keys)``. After the call,
-    ``attention_weights`` holds the ``(..., n_queries, n_keys)`` weights (detached).
+    ``attention_weights`` holds the ``(..., n_queries, n_keys)`` weights (detached). fp16/bf16 inputs: softmax and
+    weighted sum in fp32, results in the input dtype.
 
     Raises:
         ValueError: a size is not positive, the inputs' last dims differ from ``query_size``/``key_size``, or
@@ -288,7 +327,9 @@ class DotProductAttention(_ScoredAttention):
 
     Call: ``(queries (..., n_queries, d), keys (..., n_keys, d or key_size), values (..., n_keys, d_v),
     mask=None)`` -> ``(..., n_queries, d_v)``; ``mask`` is bool, True = takes part, broadcastable to
-    ``(..., n_queries, n_keys)``. Computed by :func:`scaled_dot_product_attention`.
+    ``(..., n_queries, n_keys)``. Computed by :func:`scaled_dot_product_attention` (fp16/bf16 inputs: scores,
+    softmax and weighted sum in fp32, results in the input dtype). ``d = 0`` gives uniform weights over the valid
+    keys, as in torch's function.
 
     Raises:
         ValueError: only one of ``query_size``/``key_size`` given, or shapes and mask do not match.
@@ -313,7 +354,7 @@ class DotProductAttention(_ScoredAttention):
         return keys if self.W_a is None else self.W_a(keys)
 
     def _scale(self, d: int) -> float:
-        return 1.0 / math.sqrt(d) if self.scaled else 1.0
+        return 1.0 / math.sqrt(d) if self.scaled and d > 0 else 1.0
 
     def scores(self, queries: Tensor, keys: Tensor) -> Tensor:
         """Raw scores ``(..., n_queries, n_keys)`` = ``queries @ W(keys).mT * scale``."""
@@ -321,7 +362,7 @@ class DotProductAttention(_ScoredAttention):
         if queries.shape[-1] != keys.shape[-1]:
             raise ValueError(f"queries and keys must have the same size d_k in the last dim, got queries "
                              f"{tuple(queries.shape)} and keys {tuple(keys.shape)}")
-        return queries @ keys.transpose(-1, -2) * self._scale(queries.shape[-1])
+        return (queries * self._scale(queries.shape[-1])) @ keys.transpose(-1, -2)  # scaled first: less overflow
 
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
         _check_qkv(queries, keys, values, same_d=False)
@@ -341,17 +382,20 @@ class CosineAttention(_ScoredAttention):
     """Cosine-similarity (content-based) attention: ``a(q, k) = beta * cos(q, k)`` with a learned ``beta > 0``.
 
     Args:
-        init_scale: the initial ``beta`` (> 0). With ``beta = 1`` the scores lie in ``[-1, 1]`` and no key can get
-            more than ``e / (e + (n_keys - 1) / e)`` of the weight (chapter 3, eq. ``eq-cosine-cap``).
+        init_scale: the initial ``beta``, finite and > 0. With ``beta = 1`` the scores lie in ``[-1, 1]`` and no
+            key can get more than ``e / (e + (n_keys - 1) / e)`` of the weight (chapter 3, eq. ``eq-cosine-cap``).
         learn_scale: learn ``beta`` (stored as ``log_scale``, so it stays positive); False = fixed.
         eps: lower bound on the norms, so that an all-zero query or key (a padding state) scores 0, not NaN.
         dropout: dropout on the weights in training mode.
 
     Call: ``(queries (..., n_queries, d), keys (..., n_keys, d), values (..., n_keys, d_v), mask=None)`` ->
     ``(..., n_queries, d_v)``; ``mask`` is bool, True = takes part, broadcastable to ``(..., n_queries, n_keys)``.
+    fp16/bf16 inputs: softmax and weighted sum in fp32, results in the input dtype (the scores ``beta * cos`` are
+    computed in the input dtype, so ``beta`` must stay within its range).
 
     Raises:
-        ValueError: ``init_scale`` is not positive, or shapes and mask do not match.
+        ValueError: ``init_scale`` is not positive and finite (NaN and ``inf`` included), or shapes and mask do
+            not match.
         TypeError: a non-bool mask.
 
     Graves et al. (2014), Neural Turing Machines, eq. 5-6 (``beta`` is their key strength). Chapter 3, section
@@ -361,8 +405,8 @@ class CosineAttention(_ScoredAttention):
     def __init__(self, init_scale: float = 1.0, learn_scale: bool = True, eps: float = 1e-8,
                  dropout: float = 0.0) -> None:
         super().__init__(dropout)
-        if not init_scale > 0:
-            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        if not (init_scale > 0 and math.isfinite(init_scale)):
+            raise ValueError(f"init_scale must be positive and finite, got {init_scale}")
         log_scale = torch.tensor(math.log(init_scale))
         if learn_scale:
             self.log_scale = nn.Parameter(log_scale)
@@ -397,7 +441,9 @@ class MultiHeadAttention(nn.Module):
     mask=None)`` -> ``(batch, n_queries, embed_dim)``. ``mask`` is bool, True = takes part, broadcastable to
     ``(batch, n_queries, n_keys)`` (the same mask for every head), or 4-D, broadcastable to
     ``(batch, num_heads, n_queries, n_keys)``. After the call ``attention_weights`` is
-    ``(batch, num_heads, n_queries, n_keys)`` (detached).
+    ``(batch, num_heads, n_queries, n_keys)`` (detached). ``batch``, ``n_queries`` and ``n_keys`` may be 0 (no
+    keys: every query fully masked). fp16/bf16 inputs: scores, softmax and weighted sum in fp32 (the projections
+    in the input dtype), results in the input dtype.
 
     Equals ``torch.nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)`` with the same weights and
     ``key_padding_mask = ~mask`` (its masks are True = ignored). A query with no valid key gets zero weights and

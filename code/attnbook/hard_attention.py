@@ -19,6 +19,7 @@ of each mode. Data: :mod:`attnbook.data.digits`; experiment grid and CLI: :mod:`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -96,33 +97,47 @@ def gumbel_softmax(logits: Tensor, tau: float = 1.0, hard: bool = False, dim: in
     gradient of the relaxed sample (:func:`straight_through`).
 
     Args:
-        logits: unnormalized log-probabilities, float, any shape; categories along ``dim``. ``-inf`` excludes a
-            category (it is never sampled), as long as one category per row is finite.
-        tau: temperature > 0; small = close to one-hot but high-variance gradients, large = close to uniform.
+        logits: unnormalized log-probabilities, float (fp16, bf16, fp32 or fp64), any shape; categories along
+            ``dim``, of which there must be at least one. ``-inf`` excludes a category (it is never sampled), as
+            long as one category per row is finite. Other dims may be empty (an empty result).
+        tau: temperature, finite and > 0; small = close to one-hot but high-variance gradients, large = close to
+            uniform.
         hard: return a straight-through one-hot sample.
         dim: the axis of categories.
-        generator: seeded ``torch.Generator`` for the Gumbel noise; ``None`` = global RNG.
+        generator: seeded ``torch.Generator`` for the Gumbel noise (on ``logits.device``); ``None`` = global RNG.
 
     Returns:
-        Tensor shaped like ``logits``, summing to 1 along ``dim`` (one-hot if ``hard``).
+        Tensor shaped like ``logits``, of its dtype, summing to 1 along ``dim`` (one-hot if ``hard``). fp16/bf16
+        logits: the noise, ``(logits + g) / tau`` and the softmax are computed in fp32 and the sample is cast back,
+        so large finite logits or a small ``tau`` give no NaN; in every dtype the row maximum of ``logits + g`` is
+        subtracted before dividing by ``tau``, so the division cannot overflow to ``inf``.
 
     Raises:
         TypeError: ``logits`` is not a floating tensor.
-        ValueError: ``tau`` is not positive.
+        ValueError: ``tau`` is not positive and finite, ``dim`` is out of range, or ``logits`` has no category
+            along ``dim`` (the message gives the shape).
 
     Chapter 7, section "Straight-through Gumbel-softmax".
     """
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
         raise TypeError(f"logits must be a floating torch.Tensor, got {getattr(logits, 'dtype', type(logits))}")
-    if not tau > 0:
-        raise ValueError(f"tau must be positive, got {tau}")
-    g = sample_gumbel(logits.shape, generator=generator, dtype=logits.dtype, device=logits.device)
-    soft = torch.softmax((logits + g) / tau, dim=dim)
+    if not (tau > 0 and math.isfinite(tau)):
+        raise ValueError(f"tau must be positive and finite, got {tau}")
+    if not -max(logits.dim(), 1) <= dim < max(logits.dim(), 1):
+        raise ValueError(f"dim={dim} is out of range for logits of shape {tuple(logits.shape)}")
+    if logits.dim() > 0 and logits.shape[dim] == 0:
+        raise ValueError(f"logits must have at least one category along dim={dim}, got shape {tuple(logits.shape)}")
+    compute = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    perturbed = logits.to(compute) + sample_gumbel(logits.shape, generator=generator, dtype=compute,
+                                                   device=logits.device)
+    if perturbed.numel():  # shift by the row maximum (no effect on the softmax), so that dividing cannot overflow
+        perturbed = perturbed - perturbed.detach().amax(dim=dim, keepdim=True)
+    soft = torch.softmax(perturbed / tau, dim=dim)
     if not hard:
-        return soft
+        return soft.to(logits.dtype)
     index = soft.argmax(dim=dim, keepdim=True)
-    one_hot = torch.zeros_like(soft).scatter_(dim, index, 1.0)
-    return straight_through(one_hot, soft)
+    one_hot = torch.zeros_like(logits).scatter_(dim, index, 1.0)
+    return straight_through(one_hot, soft.to(logits.dtype))
 
 
 def reinforce_surrogate(log_prob: Tensor, reward: Tensor, baseline: Tensor | float = 0.0) -> Tensor:

@@ -142,6 +142,31 @@ def gradient_importance(model: nn.Module, ids: Tensor, lengths: Tensor, detach_a
     return grad.norm(dim=-1) * mask
 
 
+def _leave_one_out_batches(ids: Tensor, lengths: Tensor, batch_size: int):
+    """Yield ``(rows, cols, variants, new_lengths)`` for the shortened sequences, at most ``batch_size`` at a time.
+
+    Variant ``v`` is row ``rows[v]`` of ``ids`` without token ``cols[v]`` (the rest shift left), padded with 0 to
+    width ``T``; its length is one less. Only one batch of ``(batch_size, T)`` ids exists at a time, so the memory
+    is ``O(B * T + batch_size * T)``, not the ``O(B * T**2)`` of building every variant first.
+    """
+    lengths = torch.as_tensor(lengths, device=ids.device)
+    n_tokens = ids.shape[1]
+    scored = torch.nonzero(lengths >= 2).flatten()                                 # rows with something to drop
+    counts = lengths[scored]
+    all_rows = scored.repeat_interleave(counts)                                    # (n_variants,) in row order
+    starts = torch.cumsum(counts, 0) - counts
+    all_cols = torch.arange(len(all_rows), device=ids.device) - starts.repeat_interleave(counts)
+    positions = torch.arange(max(n_tokens - 1, 0), device=ids.device)
+    for s in range(0, len(all_rows), batch_size):
+        rows, cols = all_rows[s:s + batch_size], all_cols[s:s + batch_size]
+        new_lengths = (lengths[rows] - 1).long()
+        source = positions + (positions >= cols[:, None])                          # skip the dropped token
+        shortened = torch.gather(ids[rows], 1, source)
+        shortened = torch.where(positions < new_lengths[:, None], shortened, torch.zeros((), dtype=ids.dtype,
+                                                                                         device=ids.device))
+        yield rows, cols, torch.nn.functional.pad(shortened, (0, 1)), new_lengths
+
+
 @torch.no_grad()
 def leave_one_out_importance(model: nn.Module, ids: Tensor, lengths: Tensor, batch_size: int = 512) -> Tensor:
     """Leave-one-out importance ``|p(x) - p(x without token t)|`` for every valid position; 0 on padding.
@@ -151,32 +176,23 @@ def leave_one_out_importance(model: nn.Module, ids: Tensor, lengths: Tensor, bat
 
     Args:
         model: a classifier following the module's protocol; ids: int64 ``(B, T)``; lengths: int64 ``(B,)``.
-        batch_size: how many shortened sequences to score at once.
+        batch_size: how many shortened sequences to score at once (>= 1). The shortened sequences are generated
+            batch by batch, so the model never sees more than ``(batch_size, T)`` ids at a time and the memory
+            grows as ``B * T + batch_size * T``, not as ``B * T**2``.
 
     Returns:
         float32 ``(B, T)``.
+
+    Raises:
+        ValueError: ``batch_size < 1``.
     """
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     probs = torch.sigmoid(model(ids, lengths)[0])
     out = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-    variants, owners = [], []
-    for i in range(ids.shape[0]):
-        n = int(lengths[i])
-        if n < 2:
-            continue
-        row = ids[i, :n]
-        keep = ~torch.eye(n, dtype=torch.bool, device=ids.device)                  # (n, n): drop token t in row t
-        shortened = row.expand(n, n)[keep].reshape(n, n - 1)
-        variants.append(torch.nn.functional.pad(shortened, (0, ids.shape[1] - (n - 1))))
-        owners.extend((i, t) for t in range(n))
-    if not variants:
-        return out
-    variants = torch.cat(variants)
-    new_lengths = torch.tensor([int(lengths[i]) - 1 for i, _ in owners], device=ids.device)
-    new_probs = torch.cat([torch.sigmoid(model(variants[s:s + batch_size], new_lengths[s:s + batch_size])[0])
-                           for s in range(0, len(variants), batch_size)])
-    rows = torch.tensor([i for i, _ in owners], device=ids.device)
-    cols = torch.tensor([t for _, t in owners], device=ids.device)
-    out[rows, cols] = (new_probs - probs[rows]).abs().float()
+    for rows, cols, variants, new_lengths in _leave_one_out_batches(ids, lengths, int(batch_size)):
+        new_probs = torch.sigmoid(model(variants, new_lengths)[0])
+        out[rows, cols] = (new_probs - probs[rows]).abs().float()
     return out
 
 

@@ -9,7 +9,12 @@ are the normalized kernel values (Nadaraya 1964; Watson 1964; Murphy, PML 15.4.2
 We compute the weights as a softmax of the *log* kernel, ``masked_softmax(log K(u), K(u) > 0)``. That is
 exactly the normalized kernel, and it never underflows to 0/0 for a query far from every training point
 (the naive ``exp(-u**2 / 2) / sum(...)`` does, in fp32 once every u exceeds about 14.4, where
-exp(-u**2 / 2) is 0 even as a subnormal).
+exp(-u**2 / 2) is 0 even as a subnormal). Where even the log kernel overflows to ``-inf`` for every training
+input (a bandwidth so small that ``u**2`` exceeds the float range, e.g. ``h = 1e-30``), the weights are their
+``h -> 0`` limit: one-hot on the nearest training input, shared equally among exact ties.
+
+Dtypes: fp16 and bf16 inputs are computed in fp32 (``torch.cdist`` lacks fp16/bf16 kernels for small inputs, and
+``u**2`` overflows fp16 at ``u > 256``) and the results are cast back to the input dtype.
 """
 
 from __future__ import annotations
@@ -54,13 +59,53 @@ def _as_2d(x: Tensor, name: str) -> Tensor:
     raise ValueError(f"{name} must have shape (n,) or (n, d), got {tuple(x.shape)}")
 
 
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _check_bandwidth(bandwidth: float | Tensor) -> Tensor | float:
-    value = bandwidth.detach() if isinstance(bandwidth, Tensor) else torch.tensor(float(bandwidth))
-    if value.numel() != 1:
-        raise ValueError(f"bandwidth must be a scalar, got shape {tuple(value.shape)}")
-    if not torch.isfinite(value) or float(value) <= 0:
-        raise ValueError(f"bandwidth must be a positive finite number, got {float(value)}")
+    if isinstance(bandwidth, Tensor) and bandwidth.numel() != 1:
+        raise ValueError(f"bandwidth must be a scalar, got shape {tuple(bandwidth.shape)}")
+    value = float(bandwidth.detach()) if isinstance(bandwidth, Tensor) else float(bandwidth)  # not via fp32
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"bandwidth must be a positive finite number, got {value}")
     return bandwidth
+
+
+def _distances_and_scores(
+    x_query: Tensor, x_train: Tensor, bandwidth: float | Tensor, kernel: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(distances, log-kernel scores, support mask)``, each ``(n_queries, n_train)``, in the compute dtype (fp32
+    for fp16/bf16 inputs); validates the arguments as :func:`kernel_scores` documents."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}")
+    bandwidth = _check_bandwidth(bandwidth)
+    xq, xt = _as_2d(x_query, "x_query"), _as_2d(x_train, "x_train")
+    if xq.dtype != xt.dtype:
+        raise TypeError(f"x_query and x_train must share one dtype, got {xq.dtype} and {xt.dtype}")
+    if xq.shape[1] != xt.shape[1]:
+        raise ValueError(
+            f"x_query {tuple(x_query.shape)} and x_train {tuple(x_train.shape)} have different feature sizes"
+        )
+    compute = _compute_dtype(xq.dtype)
+    log_kernel, radius = KERNELS[kernel]
+    distances = torch.cdist(xq.to(compute), xt.to(compute))
+    # u = 0 at distance 0 for every h > 0, also where h underflows to 0 in the dtype (h = 1e-300 in fp32): no 0/0.
+    u = torch.where(distances > 0, distances / bandwidth, torch.zeros((), dtype=compute, device=distances.device))
+    mask = u < radius if math.isfinite(radius) else torch.ones_like(u, dtype=torch.bool)
+    return distances, log_kernel(u), mask
+
+
+def _weights(distances: Tensor, scores: Tensor, mask: Tensor) -> Tensor:
+    """``masked_softmax(scores, mask)``, except in rows whose every supported score overflowed to ``-inf`` (a
+    vanishing bandwidth): there the ``h -> 0`` limit, one-hot on the nearest supported key, ties shared."""
+    degenerate = ~(mask & (scores > -math.inf)).any(dim=-1, keepdim=True) & mask.any(dim=-1, keepdim=True)
+    if bool(degenerate.any()):
+        d = distances.masked_fill(~mask, math.inf)
+        nearest = mask & (d == d.amin(dim=-1, keepdim=True))
+        limit = torch.full_like(scores, -math.inf).masked_fill(nearest, 0.0)
+        scores = torch.where(degenerate, limit, scores)
+    return masked_softmax(scores, mask, dim=-1)
 
 
 def kernel_scores(
@@ -69,35 +114,26 @@ def kernel_scores(
     """Log-kernel scores and their support mask between every query and every training input.
 
     Args:
-        x_query: ``(n_queries,)`` or ``(n_queries, d)``, float.
-        x_train: ``(n_train,)`` or ``(n_train, d)``, float, same ``d`` as ``x_query``.
+        x_query: ``(n_queries,)`` or ``(n_queries, d)``, float (fp16, bf16, fp32 or fp64).
+        x_train: ``(n_train,)`` or ``(n_train, d)``, same dtype and ``d`` as ``x_query``.
         bandwidth: ``h > 0``, in the units of ``x``; a Python float or a scalar tensor (may require grad).
         kernel: one of :data:`KERNELS` (``"gaussian"``, ``"laplacian"``, ``"epanechnikov"``, ``"boxcar"``).
 
     Returns:
-        ``(scores, mask)``, both ``(n_queries, n_train)``: ``scores = log K(||x_q - x_i|| / h)`` (float) and a
-        bool ``mask``, True where ``K > 0`` (True = the key takes part, as in
+        ``(scores, mask)``, both ``(n_queries, n_train)``: ``scores = log K(||x_q - x_i|| / h)`` (float, the
+        inputs' dtype; computed in fp32 for fp16/bf16 and cast back, so ``-inf`` where the log kernel is beyond
+        the dtype's range) and a bool ``mask``, True where ``K > 0`` (True = the key takes part, as in
         ``torch.nn.functional.scaled_dot_product_attention``).
 
     Raises:
-        TypeError: inputs are not float tensors.
+        TypeError: inputs are not float tensors, or ``x_query`` and ``x_train`` differ in dtype.
         ValueError: unknown ``kernel``; shapes that do not match (named in the message); ``bandwidth`` not a
             positive finite scalar.
 
     Chapter 2, section "Nadaraya–Watson regression is attention", eq. ``eq-nw-weights``.
     """
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}")
-    bandwidth = _check_bandwidth(bandwidth)
-    xq, xt = _as_2d(x_query, "x_query"), _as_2d(x_train, "x_train")
-    if xq.shape[1] != xt.shape[1]:
-        raise ValueError(
-            f"x_query {tuple(x_query.shape)} and x_train {tuple(x_train.shape)} have different feature sizes"
-        )
-    log_kernel, radius = KERNELS[kernel]
-    u = torch.cdist(xq, xt) / bandwidth
-    mask = u < radius if math.isfinite(radius) else torch.ones_like(u, dtype=torch.bool)
-    return log_kernel(u), mask
+    _, scores, mask = _distances_and_scores(x_query, x_train, bandwidth, kernel)
+    return scores.to(x_query.dtype), mask
 
 
 def nadaraya_watson(
@@ -111,8 +147,8 @@ def nadaraya_watson(
     """Nadaraya–Watson kernel regression as attention: ``f(x_q) = sum_i alpha(x_q, x_i) y_i``.
 
     Args:
-        x_query: queries, ``(n_queries,)`` or ``(n_queries, d)``, float.
-        x_train: keys, ``(n_train,)`` or ``(n_train, d)``, float.
+        x_query: queries, ``(n_queries,)`` or ``(n_queries, d)``, float (fp16, bf16, fp32 or fp64).
+        x_train: keys, ``(n_train,)`` or ``(n_train, d)``, same dtype as ``x_query``.
         y_train: values, ``(n_train,)`` or ``(n_train, d_v)``, float.
         bandwidth: ``h > 0`` in the units of ``x``; a float or a scalar tensor (differentiable).
         kernel: ``"gaussian"`` (default), ``"laplacian"``, ``"epanechnikov"`` or ``"boxcar"``.
@@ -120,10 +156,14 @@ def nadaraya_watson(
 
     Returns:
         Predictions ``(n_queries,)`` if ``y_train`` is 1-D, else ``(n_queries, d_v)``; with
-        ``return_weights=True`` also the weights ``(n_queries, n_train)``, whose rows sum to 1.
+        ``return_weights=True`` also the weights ``(n_queries, n_train)``, whose rows sum to 1. Both in the dtype
+        of ``x_query``; fp16/bf16 inputs are computed in fp32 and cast back. Never NaN for finite inputs: as
+        ``h -> 0`` (e.g. ``h = 1e-30``, where ``u**2`` overflows) the weights are one-hot on the nearest training
+        input (shared equally among exact ties) and the prediction is that input's value, 1-nearest-neighbour
+        regression.
 
     Raises:
-        TypeError: inputs are not float tensors.
+        TypeError: inputs are not float tensors, or ``x_query`` and ``x_train`` differ in dtype.
         ValueError: mismatched shapes (named in the message), unknown kernel, bad bandwidth, or, for a
             compactly supported kernel, a query with no training input within one bandwidth (its estimate
             would be 0/0; the message names the query and suggests a larger bandwidth).
@@ -138,7 +178,7 @@ def nadaraya_watson(
             f"y_train must be (n_train,) or (n_train, d_v) with n_train={x_train.shape[0]} "
             f"(from x_train {tuple(x_train.shape)}), got {tuple(y_train.shape)}"
         )
-    scores, mask = kernel_scores(x_query, x_train, bandwidth, kernel)
+    distances, scores, mask = _distances_and_scores(x_query, x_train, bandwidth, kernel)
     empty = ~mask.any(dim=-1)
     if bool(empty.any()):
         i = int(empty.nonzero()[0, 0])
@@ -147,11 +187,11 @@ def nadaraya_watson(
             f"for the compact {kernel!r} kernel ({int(empty.sum())} such queries); use a larger bandwidth "
             "or the gaussian kernel"
         )
-    weights = masked_softmax(scores, mask, dim=-1)
+    weights = _weights(distances, scores, mask)
     y = y_train.unsqueeze(-1) if y_train.dim() == 1 else y_train
-    out = weights @ y.to(weights.dtype)
+    out = (weights @ y.to(weights.dtype)).to(x_query.dtype)
     out = out.squeeze(-1) if y_train.dim() == 1 else out
-    return (out, weights) if return_weights else out
+    return (out, weights.to(x_query.dtype)) if return_weights else out
 
 
 def leave_one_out_mse(
@@ -163,14 +203,15 @@ def leave_one_out_mse(
     which every query hides its own key: the mask is the training points' kernel support minus the diagonal.
 
     Args:
-        x_train: ``(n_train,)`` or ``(n_train, d)``, float, ``n_train >= 2``.
+        x_train: ``(n_train,)`` or ``(n_train, d)``, float (fp16/bf16 are computed in fp32), ``n_train >= 2``.
         y_train: ``(n_train,)``, float.
         bandwidth: ``h > 0``; a float or a scalar tensor (differentiable, so the CV error can be minimized by
             gradient descent).
         kernel: as in :func:`nadaraya_watson`.
 
     Returns:
-        Scalar tensor: ``mean_i (y_i - f_{-i}(x_i))**2``, in squared units of ``y``. Points with no other
+        Scalar tensor of ``y_train``'s dtype: ``mean_i (y_i - f_{-i}(x_i))**2``, in squared units of ``y``
+        (with the nearest-neighbour weights of :func:`nadaraya_watson` where ``u**2`` overflows). Points with no other
         training input in a compact kernel's support are left out of the mean; if that is every point, the
         result is ``inf`` (the bandwidth is too small to predict anything).
 
@@ -184,15 +225,16 @@ def leave_one_out_mse(
         raise ValueError(f"y_train must be ({x_train.shape[0]},) to match x_train, got {tuple(y_train.shape)}")
     if x_train.shape[0] < 2:
         raise ValueError(f"leave-one-out needs at least 2 training points, got {x_train.shape[0]}")
-    scores, mask = kernel_scores(x_train, x_train, bandwidth, kernel)
+    distances, scores, mask = _distances_and_scores(x_train, x_train, bandwidth, kernel)
     eye = torch.eye(x_train.shape[0], dtype=torch.bool, device=x_train.device)
     mask = mask & ~eye
-    weights = masked_softmax(scores, mask, dim=-1)
-    predicted = weights @ y_train
+    weights = _weights(distances, scores, mask)
+    y = y_train.to(weights.dtype)
+    predicted = weights @ y
     has_neighbour = mask.any(dim=-1)
     if not bool(has_neighbour.any()):
         return torch.tensor(math.inf, dtype=y_train.dtype)
-    return ((y_train - predicted)[has_neighbour] ** 2).mean()
+    return ((y - predicted)[has_neighbour] ** 2).mean().to(y_train.dtype)
 
 
 def bandwidth_sweep(
