@@ -279,9 +279,13 @@ def test_pad_to_batch_refuses_bool_and_float_indices(batch, message):
         pad_to_batch(IDS, LENS, batch)
 
 
-def test_pad_to_batch_refuses_float_lengths():
+def test_pad_to_batch_refuses_float_lengths_and_non_tensors():
     with pytest.raises(TypeError, match=r"lengths must have an integer dtype, got torch.float32"):
         pad_to_batch(IDS, LENS.float() + 0.5, [0, 1])
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got list"):
+        pad_to_batch(IDS.tolist(), LENS, [0, 1])
+    with pytest.raises(TypeError, match="lengths must be a torch.Tensor, got list"):
+        pad_to_batch(IDS, LENS.tolist(), [0, 1])
 
 
 def test_padding_fraction_refuses_bool_and_float_batches():

@@ -354,3 +354,16 @@ def test_han_lengths_out_of_range_raise_naming_the_argument():
         model(ids, word_lengths, torch.tensor([3, 1, 4]))
     with pytest.raises(TypeError, match="word_lengths must have an integer dtype, got torch.float64"):
         model(ids, word_lengths.double(), sentence_lengths)
+
+
+def test_classifier_and_encoder_refuse_inputs_of_the_wrong_kind():
+    torch.manual_seed(0)
+    encoder = BiGRUEncoder(3, 4)
+    with pytest.raises(TypeError, match="inputs must be a torch.Tensor, got list"):
+        encoder([[[0.0] * 3]], torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"inputs must have shape \(batch, length, input_size\), got \(2, 5\)"):
+        encoder(torch.zeros(2, 5), torch.tensor([5, 2]))
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got list"):
+        _classifier()([[1, 2]], torch.tensor([2]))
+    with pytest.raises(ValueError, match=r"ids must have shape \(batch, length\), got \(4,\)"):
+        _classifier()(torch.ones(4, dtype=torch.long), torch.tensor([4]))

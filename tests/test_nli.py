@@ -294,6 +294,8 @@ def test_chance_alignment_accuracy_requires_a_bool_key_mask():
         chance_alignment_accuracy(key_mask, gold)
     with pytest.raises(TypeError, match="key_mask must be a bool torch.Tensor, got list"):
         chance_alignment_accuracy(key_mask.bool().tolist(), gold)
+    with pytest.raises(TypeError, match="gold must be an integer torch.Tensor, got list"):
+        chance_alignment_accuracy(key_mask.bool(), gold.tolist())
     with pytest.raises(TypeError, match="gold must hold integer key indices, got dtype torch.float32"):
         chance_alignment_accuracy(key_mask.bool(), gold.float())
     with pytest.raises(ValueError, match=r"gold index 3 is out of range for 3 keys \(key_mask has shape \(2, 3\)\)"):

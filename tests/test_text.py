@@ -126,6 +126,8 @@ def test_pad_batch_refuses_non_integer_ids_and_length():
         pad_batch([[True, 5]])
     with pytest.raises(TypeError, match="length must be an int, got float 3.5"):
         pad_batch([[4, 5]], length=3.5)
+    with pytest.raises(ValueError, match="length must be >= 0, got -1"):
+        pad_batch([[4, 5]], length=-1)
     with pytest.raises(TypeError, match="pad_id must be an int, got float 0.5"):
         pad_batch([[4, 5]], pad_id=0.5)
     ids, lengths = pad_batch([(4, 5), torch.tensor([6])], length=3)

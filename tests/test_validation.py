@@ -90,6 +90,10 @@ def test_check_int_and_as_integer_tensor():
         masking.as_integer_tensor("12", "ids")
     with pytest.raises(TypeError, match="ids must be an integer tensor or a sequence of ints, got int"):
         masking.as_integer_tensor(3, "ids")
+    with pytest.raises(TypeError, match=r"ids must be an integer tensor or a sequence of ints \(.*\)"):
+        masking.as_integer_tensor([[1, 2], [3]], "ids")                        # ragged: torch cannot read it
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got list"):
+        masking.check_lengths_for([[1, 2]], [2], x_name="ids")
 
 
 # ---------------------------------------------------------------- interpret.AttentionClassifier
@@ -172,3 +176,11 @@ def test_classifier_accepts_valid_lengths_as_before(encoder):
     logits_list, _ = model(ids, [5, 3, 1])
     assert torch.equal(logits, logits_list)
     assert torch.all(weights[~lengths_to_mask(lengths, 5)] == 0)
+
+
+def test_classifier_refuses_ids_and_embeddings_that_are_not_tensors():
+    model = _model("cnn")
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got list"):
+        model([[1, 2, 3]], torch.tensor([3]))
+    with pytest.raises(TypeError, match="embeddings must be a torch.Tensor, got list"):
+        model.states([[[0.0] * 6]], torch.tensor([1]))

@@ -64,7 +64,7 @@ class AttentionClassifier(nn.Module):
         ValueError: a size is not positive or ``encoder`` is unknown; at the call, ``ids`` not 2-D, ``lengths`` not
             of shape ``(B,)`` or out of range, or ``embeddings``/``weights`` of another shape (the message gives
             the shapes and values).
-        TypeError: at the call, ``lengths`` not of an integer dtype.
+        TypeError: at the call, ``ids`` (or ``embeddings``) not a tensor, or ``lengths`` not of an integer dtype.
     """
 
     def __init__(self, vocab_size: int, embed_size: int = 64, hidden_size: int = 32, attention_size: int = 32,
@@ -95,10 +95,11 @@ class AttentionClassifier(nn.Module):
     def states(self, embeddings: Tensor, lengths: Tensor) -> Tensor:
         """Encoder states ``(B, T, state_size)`` of ``embeddings`` ``(B, T, embed_size)``; padding positions are
         zeros for the ``"bigru"`` and ``"cnn"`` encoders. ``lengths``: as in the call (raises the same errors)."""
-        if not isinstance(embeddings, Tensor) or embeddings.dim() != 3 or \
-                embeddings.shape[-1] != self.embedding.embedding_dim:
+        if not isinstance(embeddings, Tensor):
+            raise TypeError(f"embeddings must be a torch.Tensor, got {type(embeddings).__name__}")
+        if embeddings.dim() != 3 or embeddings.shape[-1] != self.embedding.embedding_dim:
             raise ValueError(f"embeddings must have shape (batch, length, {self.embedding.embedding_dim}), got "
-                             f"{tuple(getattr(embeddings, 'shape', ())) or type(embeddings).__name__}")
+                             f"{tuple(embeddings.shape)}")
         lengths = self._check_lengths(embeddings, lengths, "embeddings")
         if self.rnn is not None and embeddings.shape[0] == 0:  # pack_padded_sequence refuses an empty batch
             return embeddings.new_zeros(0, embeddings.shape[1], 2 * self.rnn.hidden_size)
@@ -114,9 +115,10 @@ class AttentionClassifier(nn.Module):
 
     def forward(self, ids: Tensor, lengths: Tensor, *, embeddings: Tensor | None = None,
                 weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            raise ValueError(f"ids must have shape (batch, length), got "
-                             f"{tuple(getattr(ids, 'shape', ())) or type(ids).__name__}")
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (batch, length), got {tuple(ids.shape)}")
         lengths = self._check_lengths(ids, lengths, "ids")
         if embeddings is not None and tuple(embeddings.shape[:2]) != tuple(ids.shape):
             raise ValueError(f"embeddings must have shape {tuple(ids.shape) + (self.embedding.embedding_dim,)} "

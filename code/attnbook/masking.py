@@ -6,6 +6,11 @@ Explained in chapter 1, "Attention as soft dictionary lookup" (``chapters/01_sof
 Mask convention, everywhere in attnbook: a **bool** tensor in which **True means "takes part"**, the same
 convention as the boolean ``attn_mask`` of :func:`torch.nn.functional.scaled_dot_product_attention`. Note that
 :class:`torch.nn.MultiheadAttention`'s ``key_padding_mask`` uses the opposite polarity (True = ignored).
+
+The input checks shared by the whole package live here, so that a bad argument gets the same message everywhere:
+:func:`check_bool_mask` (a bool tensor), :func:`check_mask_for` (a ``(batch, length)`` mask that matches its states,
+never broadcast), :func:`check_lengths_for` (one integer length per row, within the padded length),
+:func:`check_int` and :func:`as_integer_tensor` (integers, never rounded floats or bools read as 0 and 1).
 """
 
 from __future__ import annotations

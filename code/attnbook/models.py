@@ -55,7 +55,7 @@ class BiGRUEncoder(nn.Module):
     empty states ``(0, T, 2 * hidden_size)``.
 
     Raises:
-        TypeError: ``lengths`` is not of an integer dtype.
+        TypeError: ``inputs`` is not a tensor, or ``lengths`` is not of an integer dtype.
         ValueError: ``inputs`` is not 3-D; ``lengths`` is not of shape ``(B,)`` or outside the range above (the
             message gives the shapes and values).
     """
@@ -66,9 +66,10 @@ class BiGRUEncoder(nn.Module):
         self.gru = nn.GRU(input_size, hidden_size, batch_first=True, bidirectional=True)
 
     def forward(self, inputs: Tensor, lengths: Tensor) -> Tensor:
-        if not isinstance(inputs, Tensor) or inputs.dim() != 3:
-            raise ValueError(f"inputs must have shape (batch, length, input_size), got "
-                             f"{tuple(getattr(inputs, 'shape', ())) or type(inputs).__name__}")
+        if not isinstance(inputs, Tensor):
+            raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__name__}")
+        if inputs.dim() != 3:
+            raise ValueError(f"inputs must have shape (batch, length, input_size), got {tuple(inputs.shape)}")
         lengths = check_lengths_for(inputs, lengths, x_name="inputs", min_length=1 if self.packed else 0)
         if inputs.shape[0] == 0:  # pack_padded_sequence refuses an empty batch
             return inputs.new_zeros(0, inputs.shape[1], 2 * self.gru.hidden_size)
@@ -99,7 +100,7 @@ class BiGRUClassifier(nn.Module):
     Raises:
         ValueError: ``packed`` with ``padding_side="pre"``; unknown options; at the call, ``ids`` not 2-D, ``lengths``
             not of shape ``(B,)`` or outside ``[1, T]`` (the message gives the shapes and values).
-        TypeError: at the call, ``lengths`` not of an integer dtype.
+        TypeError: at the call, ``ids`` not a tensor or ``lengths`` not of an integer dtype.
     """
 
     def __init__(self, vocab_size: int, embed_size: int = 200, hidden_size: int = 50, attention_size: int = 100,
@@ -119,9 +120,10 @@ class BiGRUClassifier(nn.Module):
         self.pooling = Pooling(pooling, 2 * hidden_size, attention_size, masking)
 
     def forward(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            raise ValueError(f"ids must have shape (batch, length), got "
-                             f"{tuple(getattr(ids, 'shape', ())) or type(ids).__name__}")
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (batch, length), got {tuple(ids.shape)}")
         lengths = check_lengths_for(ids, lengths, x_name="ids", min_length=1)
         states = self.encoder(self.embedding(ids), lengths)
         mask = padding_mask(lengths.to(ids.device), ids.shape[1], self.padding_side)
