@@ -1,5 +1,6 @@
 """attnbook.text: tokenizer, vocabulary, padding (chapter 4, "Tokens, vocabulary and padding")."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -120,15 +121,21 @@ def test_tokenize_reads_every_apostrophe_as_the_straight_one(text):
 
 # ---------------------------------------------------------------- no silent coercion in pad_batch (issue 18)
 def test_pad_batch_refuses_non_integer_ids_and_length():
-    with pytest.raises(TypeError, match=r"sequences\[1\] must have an integer dtype, got torch.float32 \(\[1.5\]\)"):
+    with pytest.raises(TypeError, match=r"sequences\[1\] must hold int token ids, got float 1.5 \(nothing is rounded"):
         pad_batch([[4, 5], [1.5]])
-    with pytest.raises(TypeError, match=r"sequences\[0\] must hold int token ids, got bools \[True, 5\]"):
+    with pytest.raises(TypeError, match=r"sequences\[2\] must hold int token ids, got float 6.0"):
+        pad_batch([[4, 5], [6], torch.tensor([6.0, 7.0])])
+    with pytest.raises(TypeError, match=r"sequences\[0\] must hold int token ids, got bool True"):
         pad_batch([[True, 5]])
+    with pytest.raises(TypeError, match=r"sequences\[1\] must hold int token ids, got bool False"):
+        pad_batch([[4], np.array([False, True])])
+    with pytest.raises(TypeError, match=r"sequences\[0\] must hold int token ids, got str 'a'"):
+        pad_batch(["ab"])
     with pytest.raises(TypeError, match="length must be an int, got float 3.5"):
         pad_batch([[4, 5]], length=3.5)
     with pytest.raises(ValueError, match="length must be >= 0, got -1"):
         pad_batch([[4, 5]], length=-1)
     with pytest.raises(TypeError, match="pad_id must be an int, got float 0.5"):
         pad_batch([[4, 5]], pad_id=0.5)
-    ids, lengths = pad_batch([(4, 5), torch.tensor([6])], length=3)
-    assert ids.tolist() == [[4, 5, 0], [6, 0, 0]] and lengths.tolist() == [2, 1]
+    ids, lengths = pad_batch([(4, 5), torch.tensor([6]), np.array([7, 8], dtype=np.int32), [np.int64(9)]], length=3)
+    assert ids.tolist() == [[4, 5, 0], [6, 0, 0], [7, 8, 0], [9, 0, 0]] and lengths.tolist() == [2, 1, 2, 1]

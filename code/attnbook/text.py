@@ -20,15 +20,17 @@ sentence) and ``<unk>`` = 3 (any token not in the vocabulary). Padded batches co
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .masking import as_integer_tensor, check_int
+from .masking import check_int
 
 __all__ = [
     "PAD", "BOS", "EOS", "UNK", "SPECIALS", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID",
@@ -187,11 +189,7 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID, length: 
     if len(sequences) == 0:
         raise ValueError("sequences must not be empty")
     pad_id = check_int(pad_id, "pad_id")
-    rows = []
-    for row, seq in enumerate(sequences):
-        if not isinstance(seq, Tensor) and any(isinstance(i, bool) for i in seq):
-            raise TypeError(f"sequences[{row}] must hold int token ids, got bools {list(seq)[:10]}")
-        rows.append(as_integer_tensor(seq, f"sequences[{row}]").reshape(-1))
+    rows = [seq.tolist() if isinstance(seq, (Tensor, np.ndarray)) else seq for seq in sequences]
     lengths = [len(r) for r in rows]
     if min(lengths) == 0:
         raise ValueError(f"every sequence needs at least one token, got lengths {lengths}")
@@ -202,7 +200,15 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID, length: 
         length = check_int(length, "length", minimum=0)
         if longest > length:
             raise ValueError(f"a sequence of length {longest} does not fit into length={length}")
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    for row, seq in enumerate(rows):
-        ids[row, : len(seq)] = seq
+    flat = list(itertools.chain.from_iterable(rows))
+    kinds = set(map(type, flat))
+    if not all(issubclass(k, (int, np.integer)) and not issubclass(k, (bool, np.bool_)) for k in kinds):
+        for row, seq in enumerate(rows):  # only on the error path: find the first offending id
+            for token in seq:
+                if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+                    raise TypeError(f"sequences[{row}] must hold int token ids, got {type(token).__name__} "
+                                    f"{token!r} (nothing is rounded, and bools are not ids)")
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    # One vectorized fill instead of one tensor per sequence: the real positions of row b are the first lengths[b].
+    ids[torch.arange(length) < torch.tensor(lengths).unsqueeze(1)] = torch.from_numpy(np.asarray(flat, dtype=np.int64))
     return ids, torch.tensor(lengths, dtype=torch.long)
