@@ -263,3 +263,33 @@ def test_pad_to_batch_empty_batch_raises():
 def test_pad_to_batch_index_out_of_range_raises(index):
     with pytest.raises(ValueError, match=rf"index {index} is out of range for 4 rows"):
         pad_to_batch(IDS, LENS, [0, index])
+
+
+# ---------------------------------------------------------------- no silent coercion of indices (issue 18)
+@pytest.mark.parametrize("batch, message", [
+    ([True, False], r"batch must hold int indices, got bools \[True, False\]"),
+    ([True, 2], r"batch must hold int indices, got bools \[True, 2\]"),
+    (torch.tensor([True, False, True, False]), r"batch must have an integer dtype, got torch.bool"),
+    (np.array([True, False]), r"batch must have an integer dtype, got torch.bool"),
+    ([0.0, 1.7], r"batch must have an integer dtype, got torch.float32 \(\[0.0, 1.7"),
+])
+def test_pad_to_batch_refuses_bool_and_float_indices(batch, message):
+    """[True, False] was read as the row indices [1, 0], and [0.0, 1.7] as [0, 1]."""
+    with pytest.raises(TypeError, match=message):
+        pad_to_batch(IDS, LENS, batch)
+
+
+def test_pad_to_batch_refuses_float_lengths_and_non_tensors():
+    with pytest.raises(TypeError, match=r"lengths must have an integer dtype, got torch.float32"):
+        pad_to_batch(IDS, LENS.float() + 0.5, [0, 1])
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got list"):
+        pad_to_batch(IDS.tolist(), LENS, [0, 1])
+    with pytest.raises(TypeError, match="lengths must be a torch.Tensor, got list"):
+        pad_to_batch(IDS, LENS.tolist(), [0, 1])
+
+
+def test_padding_fraction_refuses_bool_and_float_batches():
+    with pytest.raises(TypeError, match=r"batches must hold int indices, got bools \[True, False\]"):
+        padding_fraction([1, 2, 3, 4], [[0, 1], [True, False]])
+    with pytest.raises(TypeError, match=r"batches must have an integer dtype, got torch.float32"):
+        padding_fraction([1, 2, 3, 4], [[0.0, 2.9]])

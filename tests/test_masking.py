@@ -3,6 +3,7 @@ subset, finite differences, and hypothesis properties of the masking invariants.
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -271,3 +272,52 @@ def test_property_invariant_to_appended_padding_and_pad_values(data, extra, seed
     longer_mask = lengths_to_mask(lengths, n_keys + extra)[:, None, :]
     out_longer = masked_softmax(longer, longer_mask) @ longer_values
     assert torch.allclose(out, out_longer)
+
+
+# ---------------------------------------------------------------- no silent coercion (issue 18)
+@pytest.mark.parametrize("lengths, dtype", [([1.5, 2], "torch.float32"), (torch.tensor([1.0, 2.0]), "torch.float32"),
+                                            ([True, False], "torch.bool"), (np.array([1.5, 2.0]), "torch.float64")])
+def test_lengths_to_mask_refuses_non_integer_lengths(lengths, dtype):
+    """Floats were truncated ([1.5, 2] gave the mask of [1, 2]) and bools read as 0/1; now both raise."""
+    with pytest.raises(TypeError, match=rf"lengths must have an integer dtype, got {dtype}"):
+        lengths_to_mask(lengths)
+
+
+@pytest.mark.parametrize("max_len, shown", [(2.5, "float 2.5"), (3.0, "float 3.0"), (True, "bool True"),
+                                            ("3", "str '3'")])
+def test_lengths_to_mask_refuses_non_integer_max_len(max_len, shown):
+    """max_len=2.5 gave 3 columns (torch.arange(2.5)); now a TypeError that names max_len and its value."""
+    with pytest.raises(TypeError, match=f"max_len must be an int, got {shown}"):
+        lengths_to_mask([1, 2], max_len=max_len)
+
+
+def test_lengths_to_mask_accepts_integer_likes():
+    expected = torch.tensor([[True, False, False], [True, True, False]])
+    assert torch.equal(lengths_to_mask(np.array([1, 2]), max_len=np.int64(3)), expected)
+    assert torch.equal(lengths_to_mask((n for n in [1, 2]), max_len=torch.tensor(3)), expected)
+    assert torch.equal(lengths_to_mask(torch.tensor([1, 2], dtype=torch.int32), 3), expected)
+    assert lengths_to_mask([]).shape == (0, 0) and lengths_to_mask([], max_len=2).shape == (0, 2)
+
+
+# ---------------------------------------------------------------- dim errors agree with the docstrings (issue 18)
+@pytest.mark.parametrize("fn, masked", [(masked_softmax, False), (masked_softmax, True), (renormalized_softmax, True),
+                                        (additive_mask_softmax, True)])
+@pytest.mark.parametrize("dim", [5, 2, -3])
+def test_out_of_range_dim_is_a_value_error_everywhere(fn, masked, dim):
+    """masked_softmax(s, None, dim=5) raised torch's IndexError although the docstring promises ValueError."""
+    scores = torch.zeros(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.bool) if masked else None
+    with pytest.raises(ValueError, match=rf"dim={dim} is out of range for scores of shape \(2, 3\): scores have 2 "
+                                         rf"dims, so dim must lie in \[-2, 1\]"):
+        fn(scores, mask, dim=dim)
+
+
+@pytest.mark.parametrize("mask", [None, torch.ones(2, 3, dtype=torch.bool)])
+def test_non_integer_dim_is_a_type_error(mask):
+    with pytest.raises(TypeError, match="dim must be an int, got float 1.0"):
+        masked_softmax(torch.zeros(2, 3), mask, dim=1.0)
+
+
+def test_scalar_scores_raise_with_or_without_a_mask():
+    with pytest.raises(ValueError, match="scores must have at least one dimension"):
+        masked_softmax(torch.tensor(1.0), None)

@@ -303,3 +303,67 @@ def test_han_shape_errors():
         model(ids, word_lengths[:, :2], sentence_lengths)
     with pytest.raises(ValueError, match=r"got \(3, 3, 5\), \(3, 3\) and \(2,\)"):
         model(ids, word_lengths, sentence_lengths[:2])
+
+
+# ---------------------------------------------------------------- lengths checked against the ids (issue 18)
+@pytest.mark.parametrize("pooling", ["attention", "mean", "uniform", "last"])
+@pytest.mark.parametrize("n_lengths", [1, 3])
+def test_classifier_refuses_lengths_of_another_batch_size(pooling, n_lengths):
+    """lengths with one entry for a batch of 2 (or three) made a mask of the wrong batch size, which the pooling
+    broadcast (or pack_padded_sequence rejected with its own message); now a ValueError that gives both shapes."""
+    model = _classifier(pooling=pooling)
+    ids, _ = _batch([4, 2], seed=0)
+    with pytest.raises(ValueError, match=rf"lengths must have shape \(2,\) \(one length per row of ids of shape "
+                                         rf"\(2, 4\)\), got \({n_lengths},\)"):
+        model(ids, torch.tensor([4, 2, 3][:n_lengths]))
+
+
+def test_classifier_refuses_float_lengths():
+    ids, _ = _batch([4, 2], seed=0)
+    with pytest.raises(TypeError, match=r"lengths must have an integer dtype, got torch.float32 \(\[4.0, 2.5\]\)"):
+        _classifier()(ids, torch.tensor([4.0, 2.5]))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_encoder_checks_lengths_and_handles_an_empty_batch(packed):
+    torch.manual_seed(0)
+    encoder = BiGRUEncoder(3, 4, packed=packed).double()
+    with pytest.raises(ValueError, match=r"lengths must have shape \(2,\) \(one length per row of inputs of shape "
+                                         r"\(2, 5, 3\)\), got \(3,\)"):
+        encoder(torch.zeros(2, 5, 3, dtype=torch.float64), torch.tensor([5, 2, 1]))
+    low = 1 if packed else 0  # a packed GRU needs a token in every row
+    with pytest.raises(ValueError, match=rf"lengths must lie in \[{low}, 5\] for inputs of shape \(2, 5, 3\), got "
+                                         rf"min 2 and max 6"):
+        encoder(torch.zeros(2, 5, 3, dtype=torch.float64), torch.tensor([6, 2]))
+    states = encoder(torch.zeros(0, 5, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+    assert states.shape == (0, 5, 8) and states.dtype == torch.float64
+
+
+def test_han_lengths_out_of_range_raise_naming_the_argument():
+    """Word lengths above T, or sentence lengths above S, reached pack_padded_sequence or lengths_to_mask under the
+    name "lengths"; now the message names the argument and gives the range and the shape of ids."""
+    model = _han("neg_inf")
+    ids, word_lengths, sentence_lengths, _ = _han_batch()
+    too_long = word_lengths.clone()
+    too_long[1, 0] = 6
+    with pytest.raises(ValueError, match=r"word_lengths must lie in \[0, 5\] for ids of shape \(3, 3, 5\), got min 0 "
+                                         r"and max 6"):
+        model(ids, too_long, sentence_lengths)
+    with pytest.raises(ValueError, match=r"sentence_lengths must lie in \[0, 3\] for ids of shape \(3, 3, 5\), got "
+                                         r"min 1 and max 4"):
+        model(ids, word_lengths, torch.tensor([3, 1, 4]))
+    with pytest.raises(TypeError, match="word_lengths must have an integer dtype, got torch.float64"):
+        model(ids, word_lengths.double(), sentence_lengths)
+
+
+def test_classifier_and_encoder_refuse_inputs_of_the_wrong_kind():
+    torch.manual_seed(0)
+    encoder = BiGRUEncoder(3, 4)
+    with pytest.raises(TypeError, match="inputs must be a torch.Tensor, got list"):
+        encoder([[[0.0] * 3]], torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"inputs must have shape \(batch, length, input_size\), got \(2, 5\)"):
+        encoder(torch.zeros(2, 5), torch.tensor([5, 2]))
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got list"):
+        _classifier()([[1, 2]], torch.tensor([2]))
+    with pytest.raises(ValueError, match=r"ids must have shape \(batch, length\), got \(4,\)"):
+        _classifier()(torch.ones(4, dtype=torch.long), torch.tensor([4]))

@@ -282,3 +282,32 @@ def test_cli_snli_from_a_local_directory(tmp_path, monkeypatch):
     result = exp.main(["--mode", "quick", "--data", "snli", "--snli-path", str(tmp_path), "--out", str(out),
                        "--device", "cpu"])
     assert set(result["data"]) == {"snli"} and "alignment_accuracy" not in result.columns
+
+
+# ---------------------------------------------------------------- no silent coercion (issue 18)
+def test_chance_alignment_accuracy_requires_a_bool_key_mask():
+    """An int key_mask holding 2s counted them as two keys each: the chance level changed silently."""
+    gold = torch.tensor([[0, 1], [0, -1]])
+    key_mask = torch.tensor([[1, 1, 0], [1, 2, 2]])
+    assert chance_alignment_accuracy(key_mask.bool(), gold) == pytest.approx((1 / 2 + 1 / 2 + 1 / 3) / 3)
+    with pytest.raises(TypeError, match=r"key_mask must be a bool tensor \(True = takes part\), got dtype torch.int64"):
+        chance_alignment_accuracy(key_mask, gold)
+    with pytest.raises(TypeError, match="key_mask must be a bool torch.Tensor, got list"):
+        chance_alignment_accuracy(key_mask.bool().tolist(), gold)
+    with pytest.raises(TypeError, match="gold must be an integer torch.Tensor, got list"):
+        chance_alignment_accuracy(key_mask.bool(), gold.tolist())
+    with pytest.raises(TypeError, match="gold must hold integer key indices, got dtype torch.float32"):
+        chance_alignment_accuracy(key_mask.bool(), gold.float())
+    with pytest.raises(ValueError, match=r"gold index 3 is out of range for 3 keys \(key_mask has shape \(2, 3\)\)"):
+        chance_alignment_accuracy(key_mask.bool(), torch.tensor([[0, 3], [0, -1]]))
+    with pytest.raises(ValueError, match=r"key_mask must be \(batch, n_keys\) and gold \(batch, n_queries\), got "
+                                         r"\(6,\) and \(2, 2\)"):
+        chance_alignment_accuracy(key_mask.bool().flatten(), gold)
+
+
+def test_mask_shape_errors_give_both_shapes():
+    model = _model()
+    premise, hypothesis = torch.ones(2, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"premise_mask must have shape \(batch, length\) = \(2, 4\), got \(1, 4\) "
+                                         r"\(premise has shape \(2, 4\); masks are not broadcast\)"):
+        model(premise, hypothesis, torch.ones(1, 4, dtype=torch.bool))

@@ -1,6 +1,9 @@
 """attnbook.pooling against independent references: softmax over the sliced valid positions, hand-built additive
 masks, means and indexing of the states, finite differences (gradcheck), and hypothesis properties of padding."""
 
+import math
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -287,3 +290,83 @@ def test_attention_pooling_shape_mismatch():
         pool(states, mask[:, :5])
     with pytest.raises(ValueError, match=r"got \(6, 4\) and \(4, 6\)"):
         pool(states[0], mask)
+
+
+# ---------------------------------------------------------------- masks of the wrong shape (issue 18)
+def _shape_message(states, mask):
+    """The parts every wrong-shape message must hold: the mask's shape and the states' (batch, length)."""
+    return (rf"mask must have shape \(batch, length\) = \({states.shape[0]}, {states.shape[1]}\), got "
+            rf"{re.escape(str(tuple(mask.shape)))} \(states has shape {re.escape(str(tuple(states.shape)))}")
+
+
+@pytest.mark.parametrize("kind", POOLINGS)
+@pytest.mark.parametrize("cut", ["batch", "length", "both"])
+def test_pooling_refuses_a_mask_of_another_batch_or_length(kind, cut):
+    """"mean", "uniform" and "last" broadcast a (1, T) or (B, 1) mask silently; every kind now raises."""
+    states, mask = _states_and_mask()
+    wrong = {"batch": mask[:1], "length": mask[:, :1], "both": mask[:1, :1]}[cut]
+    with pytest.raises(ValueError, match=_shape_message(states, wrong)):
+        Pooling(kind, 8).double()(states, wrong)
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(POOLINGS), batch=st.integers(1, 3), length=st.integers(1, 4),
+       mask_shape=st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple), data=st.data())
+def test_any_mask_shape_other_than_the_states_raises_naming_both(kind, batch, length, mask_shape, data):
+    """Property: for every pooling kind, a bool mask whose shape is not (B, T) of the states raises a ValueError
+    whose message gives both shapes; a mask of the right shape is accepted."""
+    states = torch.randn(batch, length, 4, dtype=torch.float64)
+    pool = Pooling(kind, 4, attention_size=3).double()
+    if mask_shape == (batch, length):
+        mask = torch.ones(mask_shape, dtype=torch.bool)
+        assert pool(states, mask)[0].shape == (batch, 4)
+        return
+    mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=math.prod(mask_shape),
+                                           max_size=math.prod(mask_shape))), dtype=torch.bool).reshape(mask_shape)
+    with pytest.raises(ValueError) as info:
+        pool(states, mask)
+    assert str(tuple(mask.shape)) in str(info.value) and str(tuple(states.shape)) in str(info.value)
+
+
+def test_pooling_refuses_states_that_are_not_3d():
+    _, mask = _states_and_mask()
+    with pytest.raises(ValueError, match=r"states must have shape \(batch, length, size\), got \(4, 6\)"):
+        Pooling("mean", 8)(torch.zeros(4, 6), mask)
+    with pytest.raises(TypeError, match="states must be a torch.Tensor, got list"):
+        Pooling("uniform", 8)([[0.0]], mask)
+
+
+def test_attention_pooling_checks_the_mask_type_before_its_shape():
+    """AttentionPooling called directly with a list mask raised AttributeError ('list' has no 'shape')."""
+    states, mask = _states_and_mask()
+    with pytest.raises(TypeError, match="mask must be a bool torch.Tensor, got list"):
+        _pool("neg_inf", input_size=8)(states, mask.tolist())
+
+
+# ---------------------------------------------------------------- empty and degenerate sizes (issue 18)
+@pytest.mark.parametrize("kind", ["attention", "mean", "uniform"])
+def test_pooling_over_zero_positions_gives_zero_vectors(kind):
+    """T = 0: "uniform" divided by zero (ZeroDivisionError); now every kind but "last" gives what a fully masked row
+    gives, zero vectors and (B, 0) weights."""
+    states, mask = torch.zeros(3, 0, 8, dtype=torch.float64), torch.zeros(3, 0, dtype=torch.bool)
+    pooled, weights = Pooling(kind, 8).double()(states, mask)
+    assert torch.equal(pooled, torch.zeros(3, 8, dtype=torch.float64)) and weights.shape == (3, 0)
+
+
+def test_last_pooling_needs_a_real_position_in_every_row():
+    states, mask = _states_and_mask()
+    mask = mask.clone()
+    mask[[1, 3]] = False
+    for bidirectional in (True, False):
+        with pytest.raises(ValueError, match=r"pooling 'last' needs at least one True position in every row of mask, "
+                                             r"but rows \[1, 3\] of mask \(shape \(4, 6\)\) have none"):
+            Pooling("last", 8, bidirectional=bidirectional)(states, mask)
+    with pytest.raises(ValueError, match=r"rows \[0, 1\] of mask \(shape \(2, 0\)\) have none"):
+        Pooling("last", 8)(torch.zeros(2, 0, 8), torch.zeros(2, 0, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", POOLINGS)
+def test_pooling_an_empty_batch_gives_empty_outputs(kind):
+    pooled, weights = Pooling(kind, 8).double()(torch.zeros(0, 5, 8, dtype=torch.float64),
+                                                torch.zeros(0, 5, dtype=torch.bool))
+    assert pooled.shape == (0, 8) and weights.shape == (0, 5)

@@ -4,6 +4,7 @@ References are independent of the code under test: an unpacked ``nn.GRU`` run on
 GRU steps written out by hand with the module's weights, and exhaustive search over all short outputs.
 """
 
+import functools
 import itertools
 import math
 
@@ -258,9 +259,11 @@ def test_call_errors():
         model(src.float(), lengths, src)
     with pytest.raises(ValueError, match=r"src must have shape \(batch, length\), got \(6,\)"):
         model.encoder(src[0], lengths)
-    with pytest.raises(ValueError, match=r"lengths must lie in \[1, 6\] \(the padded length\), got \[6, 3, 7\]"):
+    with pytest.raises(ValueError, match=r"lengths must lie in \[1, 6\] for src of shape \(3, 6\), got min 3 "
+                                         r"and max 7"):
         model.encoder(src, torch.tensor([6, 3, 7]))
-    with pytest.raises(ValueError, match="lengths has 2 entries for a batch of 3"):
+    with pytest.raises(ValueError, match=r"lengths must have shape \(3,\) \(one length per row of src of shape "
+                                         r"\(3, 6\)\), got \(2,\)"):
         model.encoder(src, torch.tensor([6, 3]))
     with pytest.raises(TypeError, match="src must be a torch.Tensor of token ids, got list"):
         model.encoder(SENTENCES, lengths)
@@ -310,3 +313,51 @@ def test_projected_keys_fast_path_equals_the_module_call(attention):
                                .masked_fill(~mask, -math.inf).softmax(-1)[:, 0])
     assert dec.project_keys(memory) is not None
     assert AttentionDecoder(TGT_V, 4, 8, 8, DotProductAttention(scaled=False)).project_keys(memory) is None
+
+
+# ----------------------------------------------------------------------------------- degenerate sizes (issue 18)
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_empty_batch_gives_empty_outputs(kind):
+    """Batch 0 failed inside pack_padded_sequence ("Cannot pack empty tensors"); now the defined empty results."""
+    model = _model(kind)
+    src, lengths = torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    logits, weights = model(src, lengths, torch.zeros(0, 3, dtype=torch.long))
+    assert logits.shape == (0, 3, TGT_V) and logits.dtype == torch.float64
+    assert (weights is None) == (kind == "none") and (weights is None or weights.shape == (0, 3, 4))
+    for decode in (greedy_decode, functools.partial(beam_search, beam_size=3)):
+        out = decode(model, src, lengths, max_len=5)
+        assert out.tokens == [] and out.scores.shape == (0,) and out.scores.dtype == torch.float64
+        assert out.weights == (None if kind == "none" else [])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_empty_target_gives_empty_logits(kind):
+    """tgt_len 0 failed in torch.stack of no steps; now logits (batch, 0, vocab) and weights (batch, 0, src_len)."""
+    model = _model(kind)
+    src, lengths = pad_batch(SENTENCES)
+    logits, weights = model(src, lengths, torch.zeros(3, 0, dtype=torch.long))
+    assert logits.shape == (3, 0, TGT_V)
+    assert (weights is None) == (kind == "none") and (weights is None or weights.shape == (3, 0, 6))
+
+
+def test_sizes_and_lengths_errors_name_the_argument():
+    model = _model("bahdanau")
+    src, lengths = pad_batch(SENTENCES)
+    with pytest.raises(ValueError, match=r"src must have at least one position \(src_len >= 1\) for a non-empty "
+                                         r"batch, got shape \(2, 0\)"):
+        model(torch.zeros(2, 0, dtype=torch.long), torch.tensor([1, 1]), src[:2])
+    with pytest.raises(TypeError, match=r"src_lengths must have an integer dtype, got torch.float32"):
+        greedy_decode(model, src, lengths.float())
+    with pytest.raises(ValueError, match=r"src_lengths must have shape \(3,\) \(one length per row of src of shape "
+                                         r"\(3, 6\)\), got \(2,\)"):
+        beam_search(model, src, lengths[:2])
+    with pytest.raises(ValueError, match=r"src_lengths must have shape \(3,\)"):
+        model.encode(src, lengths[:1])
+    with pytest.raises(TypeError, match="max_len must be an int, got float 2.5"):
+        greedy_decode(model, src, lengths, max_len=2.5)
+    with pytest.raises(TypeError, match="beam_size must be an int, got float 2.0"):
+        beam_search(model, src, lengths, beam_size=2.0)
+    enc = model.encode(src, lengths)
+    with pytest.raises(ValueError, match=r"tgt_in has batch 2 but memory has batch 3 \(shapes \(2, 4\) and "
+                                         r"\(3, 6, 8\)\)"):
+        model.decoder(src[:2, :4], enc.state, enc.memory, enc.mask)

@@ -1,5 +1,6 @@
 """attnbook.text: tokenizer, vocabulary, padding (chapter 4, "Tokens, vocabulary and padding")."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -94,3 +95,47 @@ def test_pad_batch_errors():
         pad_batch([[1, 2], []])
     with pytest.raises(ValueError, match="a sequence of length 3 does not fit into length=2"):
         pad_batch([[1, 2, 3]], length=2)
+
+
+# ---------------------------------------------------------------- typographic apostrophes (issue 18)
+# Right and left single quotation marks, single high-reversed-9 quotation mark, modifier letter apostrophe,
+# fullwidth apostrophe.
+APOSTROPHES = ["\u2019", "\u2018", "\u201b", "\u02bc", "\uff07"]
+
+
+@pytest.mark.parametrize("apostrophe", APOSTROPHES)
+def test_typographic_apostrophes_tokenize_like_the_straight_one(apostrophe):
+    """"don’t" (U+2019) gave ["don", "’", "t"] while "don't" gives ["don't"]."""
+    text = "I don't know Tom's 'car'."
+    assert tokenize(text.replace("'", apostrophe)) == tokenize(text) == ["i", "don't", "know", "tom's", "'", "car",
+                                                                         "'", "."]
+
+
+@settings(max_examples=50, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("abcé' .,?") + APOSTROPHES), max_size=30))
+def test_tokenize_reads_every_apostrophe_as_the_straight_one(text):
+    """Property: replacing the typographic apostrophes by "'" never changes the tokens."""
+    straight = "".join("'" if c in APOSTROPHES else c for c in text)
+    assert tokenize(text) == tokenize(straight)
+
+
+# ---------------------------------------------------------------- no silent coercion in pad_batch (issue 18)
+def test_pad_batch_refuses_non_integer_ids_and_length():
+    with pytest.raises(TypeError, match=r"sequences\[1\] must hold int token ids, got float 1.5 \(nothing is rounded"):
+        pad_batch([[4, 5], [1.5]])
+    with pytest.raises(TypeError, match=r"sequences\[2\] must hold int token ids, got float 6.0"):
+        pad_batch([[4, 5], [6], torch.tensor([6.0, 7.0])])
+    with pytest.raises(TypeError, match=r"sequences\[0\] must hold int token ids, got bool True"):
+        pad_batch([[True, 5]])
+    with pytest.raises(TypeError, match=r"sequences\[1\] must hold int token ids, got bool False"):
+        pad_batch([[4], np.array([False, True])])
+    with pytest.raises(TypeError, match=r"sequences\[0\] must hold int token ids, got str 'a'"):
+        pad_batch(["ab"])
+    with pytest.raises(TypeError, match="length must be an int, got float 3.5"):
+        pad_batch([[4, 5]], length=3.5)
+    with pytest.raises(ValueError, match="length must be >= 0, got -1"):
+        pad_batch([[4, 5]], length=-1)
+    with pytest.raises(TypeError, match="pad_id must be an int, got float 0.5"):
+        pad_batch([[4, 5]], pad_id=0.5)
+    ids, lengths = pad_batch([(4, 5), torch.tensor([6]), np.array([7, 8], dtype=np.int32), [np.int64(9)]], length=3)
+    assert ids.tolist() == [[4, 5, 0], [6, 0, 0], [7, 8, 0], [9, 0, 0]] and lengths.tolist() == [2, 1, 2, 1]

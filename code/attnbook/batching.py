@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from .masking import as_integer_tensor
+
 __all__ = ["BucketBatchSampler", "RandomBatchSampler", "padding_fraction", "pad_to_batch"]
 
 
@@ -31,6 +33,25 @@ def _as_lengths(lengths: object) -> Tensor:
     if int(t.min()) < 1:
         raise ValueError(f"every length must be >= 1, got min(lengths) = {int(t.min())} at index {int(t.argmin())}")
     return t.to("cpu", torch.long).clone()  # a copy: later changes to the caller's array do not leak in
+
+
+def _as_indices(batch: object, name: str, n: int, what: str) -> Tensor:
+    """``batch`` as a flat int64 tensor of indices in ``[0, n)``; a bool or float ``batch`` raises ``TypeError``
+    (``[True, False]`` is not read as the indices ``[1, 0]``, nor ``[1.7]`` as ``[1]``)."""
+    if isinstance(batch, Tensor):
+        idx = batch
+    else:
+        if isinstance(batch, (str, bytes)):
+            raise TypeError(f"{name} must be a sequence of int indices, got {type(batch).__name__}")
+        batch = list(batch)
+        if any(isinstance(i, bool) for i in batch):  # torch.as_tensor([True, 2]) would give int64 [1, 2]
+            raise TypeError(f"{name} must hold int indices, got bools {batch[:10]}")
+        idx = batch
+    idx = as_integer_tensor(idx, name).reshape(-1).to(torch.long)
+    bad = idx[(idx < 0) | (idx >= n)]
+    if bad.numel():
+        raise ValueError(f"index {int(bad[0])} is out of range for {n} {what}")
+    return idx
 
 
 def _chunks(order: Tensor, size: int) -> list[list[int]]:
@@ -162,7 +183,8 @@ def padding_fraction(lengths: Sequence[int] | Tensor, batches: Iterable[Sequence
         ``1 - sum(lengths[i] for all i) / sum(len(batch) * max(lengths[batch]))``, in ``[0, 1)``.
 
     Raises:
-        TypeError: ``lengths`` is not of an integer dtype.
+        TypeError: ``lengths`` is not of an integer dtype, or a batch holds bools or floats (they are not read as
+            indices).
         ValueError: ``lengths`` invalid (as in :class:`BucketBatchSampler`), an index outside ``[0, n)``
             (the message gives it), or no batch holds an example.
 
@@ -171,12 +193,9 @@ def padding_fraction(lengths: Sequence[int] | Tensor, batches: Iterable[Sequence
     lengths = _as_lengths(lengths)
     tokens = slots = 0
     for batch in batches:
-        idx = torch.as_tensor(list(batch), dtype=torch.long)
+        idx = _as_indices(batch, "batches", len(lengths), "lengths")
         if idx.numel() == 0:
             continue
-        bad = idx[(idx < 0) | (idx >= len(lengths))]
-        if bad.numel():
-            raise ValueError(f"index {int(bad[0])} is out of range for {len(lengths)} lengths")
         tokens += int(lengths[idx].sum())
         slots += idx.numel() * int(lengths[idx].max())
     if slots == 0:
@@ -205,6 +224,9 @@ def pad_to_batch(ids: Tensor, lengths: Tensor, batch: Sequence[int] | Tensor, *,
         ``L_i``, i.e. ``lengths_to_mask(batch_lengths, T_b).flip(-1)``.
 
     Raises:
+        TypeError: ``ids`` or ``lengths`` is not a tensor, ``lengths`` is not of an integer dtype, or ``batch`` holds
+            bools or floats (``[True, False]`` is not read as the indices ``[1, 0]``; to select rows with a bool
+            mask, pass ``mask.nonzero().flatten()``).
         ValueError: ``side`` not ``"post"`` or ``"pre"``; ``ids`` not 2-D or ``lengths`` not ``(n,)`` (the message
             gives both shapes); a length outside ``[0, max_len]``; ``batch`` empty or with an index outside
             ``[0, n)``.
@@ -213,18 +235,19 @@ def pad_to_batch(ids: Tensor, lengths: Tensor, batch: Sequence[int] | Tensor, *,
     """
     if side not in ("post", "pre"):
         raise ValueError(f"side must be 'post' or 'pre', got {side!r}")
+    for name, t in (("ids", ids), ("lengths", lengths)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    as_integer_tensor(lengths, "lengths")
     if ids.dim() != 2 or lengths.shape != (ids.shape[0],):
         raise ValueError(f"expected ids (n, max_len) and lengths (n,), got ids {tuple(ids.shape)} "
                          f"and lengths {tuple(lengths.shape)}")
     if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > ids.shape[1]):
         raise ValueError(f"lengths must lie in [0, max_len={ids.shape[1]}], got min {int(lengths.min())} "
                          f"and max {int(lengths.max())}")
-    idx = torch.as_tensor(batch, dtype=torch.long, device=ids.device).reshape(-1)
+    idx = _as_indices(batch, "batch", ids.shape[0], "rows").to(ids.device)
     if idx.numel() == 0:
         raise ValueError("batch must not be empty")
-    bad = idx[(idx < 0) | (idx >= ids.shape[0])]
-    if bad.numel():
-        raise ValueError(f"index {int(bad[0])} is out of range for {ids.shape[0]} rows")
     batch_lengths = lengths.to(device=ids.device, dtype=torch.long)[idx]
     width = int(batch_lengths.max())
     rows = ids[idx, :width]

@@ -26,7 +26,7 @@ from scipy.stats import kendalltau
 from torch import Tensor, nn
 
 from .attention import AdditiveAttention
-from .masking import check_bool_mask, lengths_to_mask, masked_softmax
+from .masking import check_bool_mask, check_lengths_for, lengths_to_mask, masked_softmax
 
 __all__ = [
     "AttentionClassifier",
@@ -55,10 +55,16 @@ class AttentionClassifier(nn.Module):
             directly over the embeddings).
 
     Call: ``model(ids (B, T) int64, lengths (B,) int64, *, embeddings=None, weights=None)`` ->
-    ``(logits (B,), weights (B, T))``.
+    ``(logits (B,), weights (B, T))``. ``lengths`` must have one entry per row of ``ids``, each in ``[1, T]`` for
+    the ``"bigru"`` encoder (which packs the batch) and in ``[0, T]`` otherwise (a length-0 row gets zero weights);
+    the padding mask built from them is bool, True = the position takes part. ``embeddings``, if given, must be
+    ``(B, T, embed_size)``; ``weights``, if given, ``(B, T)``. An empty batch (``B = 0``) gives empty outputs.
 
     Raises:
-        ValueError: a size is not positive or ``encoder`` is unknown.
+        ValueError: a size is not positive or ``encoder`` is unknown; at the call, ``ids`` not 2-D, ``lengths`` not
+            of shape ``(B,)`` or out of range, or ``embeddings``/``weights`` of another shape (the message gives
+            the shapes and values).
+        TypeError: at the call, ``ids`` (or ``embeddings``) not a tensor, or ``lengths`` not of an integer dtype.
     """
 
     def __init__(self, vocab_size: int, embed_size: int = 64, hidden_size: int = 32, attention_size: int = 32,
@@ -81,8 +87,22 @@ class AttentionClassifier(nn.Module):
         """Token embeddings ``(B, T, embed_size)``."""
         return self.embedding(ids)
 
+    def _check_lengths(self, x: Tensor, lengths: object, x_name: str) -> Tensor:
+        """``lengths`` checked against the rows of ``x`` (``(B, T, ...)``): shape ``(B,)``, integers in ``[1, T]``
+        (``"bigru"``: packing needs a token) or ``[0, T]``."""
+        return check_lengths_for(x, lengths, x_name=x_name, min_length=1 if self.rnn is not None else 0)
+
     def states(self, embeddings: Tensor, lengths: Tensor) -> Tensor:
-        """Encoder states ``(B, T, state_size)``; padding positions are zeros."""
+        """Encoder states ``(B, T, state_size)`` of ``embeddings`` ``(B, T, embed_size)``; padding positions are
+        zeros for the ``"bigru"`` and ``"cnn"`` encoders. ``lengths``: as in the call (raises the same errors)."""
+        if not isinstance(embeddings, Tensor):
+            raise TypeError(f"embeddings must be a torch.Tensor, got {type(embeddings).__name__}")
+        if embeddings.dim() != 3 or embeddings.shape[-1] != self.embedding.embedding_dim:
+            raise ValueError(f"embeddings must have shape (batch, length, {self.embedding.embedding_dim}), got "
+                             f"{tuple(embeddings.shape)}")
+        lengths = self._check_lengths(embeddings, lengths, "embeddings")
+        if self.rnn is not None and embeddings.shape[0] == 0:  # pack_padded_sequence refuses an empty batch
+            return embeddings.new_zeros(0, embeddings.shape[1], 2 * self.rnn.hidden_size)
         if self.conv is not None:
             mask = lengths_to_mask(lengths, embeddings.shape[1]).to(embeddings.device)
             states = torch.relu(self.conv((embeddings * mask.unsqueeze(-1)).transpose(1, 2))).transpose(1, 2)
@@ -95,6 +115,16 @@ class AttentionClassifier(nn.Module):
 
     def forward(self, ids: Tensor, lengths: Tensor, *, embeddings: Tensor | None = None,
                 weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (batch, length), got {tuple(ids.shape)}")
+        lengths = self._check_lengths(ids, lengths, "ids")
+        if embeddings is not None and tuple(embeddings.shape[:2]) != tuple(ids.shape):
+            raise ValueError(f"embeddings must have shape {tuple(ids.shape) + (self.embedding.embedding_dim,)} "
+                             f"to match ids of shape {tuple(ids.shape)}, got {tuple(embeddings.shape)}")
+        if weights is not None and tuple(weights.shape) != tuple(ids.shape):
+            raise ValueError(f"weights must have the shape of ids {tuple(ids.shape)}, got {tuple(weights.shape)}")
         mask = lengths_to_mask(lengths, ids.shape[1]).to(ids.device)
         h = self.states(self.embed(ids) if embeddings is None else embeddings, lengths)
         if weights is None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .masking import lengths_to_mask
+from .masking import check_lengths_for, lengths_to_mask
 from .pooling import Pooling
 
 __all__ = ["BiGRUEncoder", "BiGRUClassifier", "HAN", "padding_mask"]
@@ -50,7 +50,14 @@ class BiGRUEncoder(nn.Module):
         packed: pack the batch with ``lengths`` (post-padding only), so pad states are exactly 0; otherwise run over
             the pads.
 
-    Call: ``encoder(inputs, lengths (B,) int64)``. Lengths must be >= 1 when ``packed`` (callers clamp empty rows).
+    Call: ``encoder(inputs, lengths (B,) int64)``. Lengths must lie in ``[1, T]`` when ``packed`` (callers clamp
+    empty rows), in ``[0, T]`` otherwise (then they are only checked, not used). An empty batch (``B = 0``) gives
+    empty states ``(0, T, 2 * hidden_size)``.
+
+    Raises:
+        TypeError: ``inputs`` is not a tensor, or ``lengths`` is not of an integer dtype.
+        ValueError: ``inputs`` is not 3-D; ``lengths`` is not of shape ``(B,)`` or outside the range above (the
+            message gives the shapes and values).
     """
 
     def __init__(self, input_size: int, hidden_size: int, packed: bool = True) -> None:
@@ -59,6 +66,13 @@ class BiGRUEncoder(nn.Module):
         self.gru = nn.GRU(input_size, hidden_size, batch_first=True, bidirectional=True)
 
     def forward(self, inputs: Tensor, lengths: Tensor) -> Tensor:
+        if not isinstance(inputs, Tensor):
+            raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__name__}")
+        if inputs.dim() != 3:
+            raise ValueError(f"inputs must have shape (batch, length, input_size), got {tuple(inputs.shape)}")
+        lengths = check_lengths_for(inputs, lengths, x_name="inputs", min_length=1 if self.packed else 0)
+        if inputs.shape[0] == 0:  # pack_padded_sequence refuses an empty batch
+            return inputs.new_zeros(0, inputs.shape[1], 2 * self.gru.hidden_size)
         if not self.packed:
             return self.gru(inputs)[0]
         packed = nn.utils.rnn.pack_padded_sequence(inputs, lengths.cpu(), batch_first=True, enforce_sorted=False)
@@ -84,7 +98,9 @@ class BiGRUClassifier(nn.Module):
     ``lengths``.
 
     Raises:
-        ValueError: ``packed`` with ``padding_side="pre"``; lengths outside ``[1, T]``; unknown options.
+        ValueError: ``packed`` with ``padding_side="pre"``; unknown options; at the call, ``ids`` not 2-D, ``lengths``
+            not of shape ``(B,)`` or outside ``[1, T]`` (the message gives the shapes and values).
+        TypeError: at the call, ``ids`` not a tensor or ``lengths`` not of an integer dtype.
     """
 
     def __init__(self, vocab_size: int, embed_size: int = 200, hidden_size: int = 50, attention_size: int = 100,
@@ -104,9 +120,11 @@ class BiGRUClassifier(nn.Module):
         self.pooling = Pooling(pooling, 2 * hidden_size, attention_size, masking)
 
     def forward(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > ids.shape[1]):
-            raise ValueError(f"lengths must lie in [1, {ids.shape[1]}] for ids of shape {tuple(ids.shape)}, got "
-                             f"min {int(lengths.min())} and max {int(lengths.max())}")
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (batch, length), got {tuple(ids.shape)}")
+        lengths = check_lengths_for(ids, lengths, x_name="ids", min_length=1)
         states = self.encoder(self.embedding(ids), lengths)
         mask = padding_mask(lengths.to(ids.device), ids.shape[1], self.padding_side)
         pooled, weights = self.pooling(states, mask)
@@ -133,7 +151,9 @@ class HAN(nn.Module):
     ``b`` is real when ``s < sentence_lengths[b]``; its words are the first ``word_lengths[b, s]`` positions.
 
     Raises:
-        ValueError: shapes that do not match (the message gives them).
+        ValueError: shapes that do not match (the message gives them); a word length outside ``[0, T]`` or a
+            sentence length outside ``[0, S]`` (the message gives the range and the values).
+        TypeError: lengths not of an integer dtype.
     """
 
     def __init__(self, vocab_size: int, embed_size: int = 200, hidden_size: int = 50, attention_size: int = 100,
@@ -150,6 +170,8 @@ class HAN(nn.Module):
         if ids.dim() != 3 or word_lengths.shape != ids.shape[:2] or sentence_lengths.shape != ids.shape[:1]:
             raise ValueError(f"ids must be (B, S, T), word_lengths (B, S) and sentence_lengths (B,), got "
                              f"{tuple(ids.shape)}, {tuple(word_lengths.shape)} and {tuple(sentence_lengths.shape)}")
+        word_lengths = check_lengths_for(ids, word_lengths, "word_lengths", x_name="ids", batch_dims=2)
+        sentence_lengths = check_lengths_for(ids, sentence_lengths, "sentence_lengths", x_name="ids")
         batch, n_sentences, n_words = ids.shape
         flat_ids, flat_lengths = ids.reshape(batch * n_sentences, n_words), word_lengths.reshape(-1)
         # Empty sentences are packed with length 1 (pack_padded_sequence refuses 0); the mask still says "no word".

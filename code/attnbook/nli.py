@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .masking import check_bool_mask, masked_softmax
+from .masking import check_bool_mask, check_mask_for, masked_softmax
 
 __all__ = ["Alignment", "DecomposableAttention", "count_parameters", "alignment_accuracy",
            "chance_alignment_accuracy"]
@@ -66,13 +66,10 @@ def _check_tokens(name: str, x: Tensor) -> None:
         raise ValueError(f"{name} must have shape (batch, length), got {tuple(x.shape)}")
 
 
-def _check_mask(name: str, mask: Tensor | None, x: Tensor) -> None:
-    """``mask`` must be None or a bool tensor of shape ``x.shape[:2]``."""
-    if mask is None:
-        return
-    check_bool_mask(mask, name)
-    if tuple(mask.shape) != tuple(x.shape[:2]):
-        raise ValueError(f"{name} must have shape (batch, length) = {tuple(x.shape[:2])}, got {tuple(mask.shape)}")
+def _check_mask(name: str, mask: Tensor | None, x: Tensor, x_name: str) -> None:
+    """``mask`` must be None or a bool tensor of shape ``x.shape[:2]`` (:func:`attnbook.masking.check_mask_for`)."""
+    if mask is not None:
+        check_mask_for(x, mask, name, states_name=x_name)
 
 
 class DecomposableAttention(nn.Module):
@@ -148,8 +145,8 @@ class DecomposableAttention(nn.Module):
             TypeError: a mask is not bool.
             ValueError: a mask's shape is not ``(batch, length)`` of its sentence.
         """
-        _check_mask("mask_a", mask_a, a)
-        _check_mask("mask_b", mask_b, b)
+        _check_mask("mask_a", mask_a, a, "a")
+        _check_mask("mask_b", mask_b, b, "b")
         f_a, f_b = self.F(a), self.F(b)
         scores = f_a @ f_b.transpose(1, 2)                                   # (batch, len_a, len_b), eq. 1
         if mask_a is None and mask_b is None:
@@ -176,8 +173,8 @@ class DecomposableAttention(nn.Module):
             TypeError: a mask is not bool.
             ValueError: a mask's shape is not ``(batch, length)`` of its sentence.
         """
-        _check_mask("mask_a", mask_a, v1)
-        _check_mask("mask_b", mask_b, v2)
+        _check_mask("mask_a", mask_a, v1, "v1")
+        _check_mask("mask_b", mask_b, v2, "v2")
         zero = torch.zeros((), dtype=v1.dtype, device=v1.device)
         if mask_a is not None:
             v1 = torch.where(mask_a[..., None], v1, zero)
@@ -201,8 +198,8 @@ class DecomposableAttention(nn.Module):
         _check_tokens("hypothesis", hypothesis)
         if premise.shape[0] != hypothesis.shape[0]:
             raise ValueError(f"premise and hypothesis batch sizes differ: {premise.shape[0]} and {hypothesis.shape[0]}")
-        _check_mask("premise_mask", premise_mask, premise)
-        _check_mask("hypothesis_mask", hypothesis_mask, hypothesis)
+        _check_mask("premise_mask", premise_mask, premise, "premise")
+        _check_mask("hypothesis_mask", hypothesis_mask, hypothesis, "hypothesis")
         a, b = self.embed(premise), self.embed(hypothesis)
         align = self.attend(a, b, premise_mask, hypothesis_mask)
         self.attention_weights = (align.weights_a.detach(), align.weights_b.detach())
@@ -250,12 +247,26 @@ def chance_alignment_accuracy(key_mask: Tensor, gold: Tensor) -> float:
     counted query tokens (``gold >= 0``), of ``1 / (number of real keys)``.
 
     Args:
-        key_mask: bool ``(batch, n_keys)``, True = real key.
-        gold: ``(batch, n_queries)`` gold key indices, ``-1`` = not counted.
+        key_mask: bool ``(batch, n_keys)``, True = real key (takes part). Integer masks are refused: counting a
+            ``2`` as two keys would change the result silently.
+        gold: integer ``(batch, n_queries)`` gold key indices, ``-1`` = not counted.
 
     Raises:
-        ValueError: the batch sizes differ, or no token is counted.
+        TypeError: ``key_mask`` is not a bool tensor, or ``gold`` is not an integer tensor.
+        ValueError: ``key_mask`` or ``gold`` is not 2-D, the batch sizes differ, a gold index is ``>= n_keys``, or
+            no token is counted (the messages give the shapes and values).
     """
+    check_bool_mask(key_mask, "key_mask")
+    if not isinstance(gold, Tensor):
+        raise TypeError(f"gold must be an integer torch.Tensor, got {type(gold).__name__}")
+    if gold.dtype.is_floating_point or gold.dtype.is_complex or gold.dtype == torch.bool:
+        raise TypeError(f"gold must hold integer key indices, got dtype {gold.dtype}")
+    if key_mask.dim() != 2 or gold.dim() != 2:
+        raise ValueError(f"key_mask must be (batch, n_keys) and gold (batch, n_queries), got {tuple(key_mask.shape)} "
+                         f"and {tuple(gold.shape)}")
+    if gold.numel() and int(gold.max()) >= key_mask.shape[1]:
+        raise ValueError(f"gold index {int(gold.max())} is out of range for {key_mask.shape[1]} keys "
+                         f"(key_mask has shape {tuple(key_mask.shape)})")
     if key_mask.shape[0] != gold.shape[0]:
         raise ValueError(f"key_mask and gold batch sizes differ: {key_mask.shape[0]} and {gold.shape[0]}")
     counted = gold >= 0

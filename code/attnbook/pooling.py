@@ -32,7 +32,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .masking import BERT_MASK_VALUE, additive_mask_softmax, check_bool_mask, masked_softmax, renormalized_softmax
+from .masking import (BERT_MASK_VALUE, additive_mask_softmax, check_bool_mask, check_mask_for, masked_softmax,
+                      renormalized_softmax)
 
 __all__ = ["MASKINGS", "UNSAFE", "POOLINGS", "pool_weights", "AttentionPooling", "Pooling"]
 
@@ -88,10 +89,12 @@ class AttentionPooling(nn.Module):
         masking: one of :data:`MASKINGS` or :data:`UNSAFE`.
 
     Call: ``pool(states (B, T, D) float, mask (B, T) bool)`` -> ``(pooled (B, D), weights (B, T))``; True in the
-    mask = the position takes part. The weights follow :func:`pool_weights`.
+    mask = the position takes part. The weights follow :func:`pool_weights`. ``T = 0`` gives zero vectors and
+    ``(B, 0)`` weights (every row fully masked); ``B = 0`` gives empty outputs.
 
     Raises:
         ValueError: unknown ``masking``, or shapes that do not match (the message gives them).
+        TypeError: ``mask`` is not bool.
     """
 
     def __init__(self, input_size: int, attention_size: int, masking: str = "neg_inf") -> None:
@@ -114,6 +117,7 @@ class AttentionPooling(nn.Module):
             return float(torch.tanh(self.proj.bias) @ self.context)
 
     def forward(self, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        check_bool_mask(mask)
         if states.dim() != 3 or mask.shape != states.shape[:2]:
             raise ValueError(f"states must be (B, T, D) and mask (B, T), got {tuple(states.shape)} and "
                              f"{tuple(mask.shape)}")
@@ -135,10 +139,15 @@ class Pooling(nn.Module):
       one real position).
 
     Call: ``pool(states (B, T, D), mask (B, T) bool)`` -> ``(pooled (B, D), weights (B, T))``; True in the mask =
-    the position takes part. For ``"last"`` the weights are the one-hot positions of the forward half.
+    the position takes part. For ``"last"`` the weights are the one-hot positions of the forward half. The mask must
+    have exactly the shape ``(B, T)`` of the states: it is never broadcast. Degenerate sizes: ``B = 0`` gives empty
+    outputs; ``T = 0`` gives zero vectors and ``(B, 0)`` weights for ``"attention"``, ``"mean"`` and ``"uniform"``
+    (as for a fully masked row), and raises for ``"last"``, which has no position to pick.
 
     Raises:
-        ValueError: unknown ``kind``.
+        ValueError: unknown ``kind``; ``states`` not 3-D; ``mask`` not of shape ``(B, T)`` (the message gives both
+            shapes); for ``"last"``, a row of ``mask`` without any True position (the message lists the rows).
+        TypeError: ``states`` is not a tensor, or ``mask`` is not bool.
     """
 
     def __init__(self, kind: str, input_size: int, attention_size: int = 100, masking: str = "neg_inf",
@@ -151,15 +160,23 @@ class Pooling(nn.Module):
         self.attention = AttentionPooling(input_size, attention_size, masking) if kind == "attention" else None
 
     def forward(self, states: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        check_bool_mask(mask)
+        if not isinstance(states, Tensor):
+            raise TypeError(f"states must be a torch.Tensor, got {type(states).__name__}")
+        if states.dim() != 3:
+            raise ValueError(f"states must have shape (batch, length, size), got {tuple(states.shape)}")
+        check_mask_for(states, mask)
         if self.attention is not None:
             return self.attention(states, mask)
         valid = mask.to(states.dtype)
         if self.kind == "mean":
             weights = valid / valid.sum(-1, keepdim=True).clamp_min(1.0)
         elif self.kind == "uniform":
-            weights = torch.full_like(valid, 1.0 / valid.shape[-1])
+            weights = torch.full_like(valid, 1.0 / max(valid.shape[-1], 1))  # T = 0: (B, 0) weights, zero vectors
         else:  # last
+            empty = (~mask.any(-1)).nonzero().flatten()
+            if empty.numel():
+                raise ValueError(f"pooling 'last' needs at least one True position in every row of mask, but rows "
+                                 f"{empty.tolist()[:10]} of mask (shape {tuple(mask.shape)}) have none")
             positions = torch.arange(mask.shape[-1], device=mask.device)
             last = torch.where(mask, positions, -1).amax(-1)  # index of the last real token
             first = torch.where(mask, positions, mask.shape[-1]).amin(-1)  # index of the first real token

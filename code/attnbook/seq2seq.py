@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .attention import AdditiveAttention, DotProductAttention
-from .masking import check_bool_mask, lengths_to_mask, masked_softmax
+from .masking import check_bool_mask, check_int, check_lengths_for, lengths_to_mask, masked_softmax
 from .text import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = [
@@ -55,15 +55,12 @@ def _check_ids(name: str, ids: Tensor, dims: int = 2) -> None:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(ids.shape)}")
 
 
-def _check_lengths(lengths: Tensor, batch: int, max_len: int) -> Tensor:
-    if not isinstance(lengths, Tensor):
-        lengths = torch.as_tensor(lengths)
-    _check_ids("lengths", lengths, dims=1)
-    if lengths.shape[0] != batch:
-        raise ValueError(f"lengths has {lengths.shape[0]} entries for a batch of {batch}")
-    if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > max_len):
-        raise ValueError(f"lengths must lie in [1, {max_len}] (the padded length), got {lengths.tolist()}")
-    return lengths
+def _check_lengths(src: Tensor, lengths: Tensor, name: str = "lengths") -> Tensor:
+    """Source lengths ``(batch,)``, integers in ``[1, src_len]`` (:func:`attnbook.masking.check_lengths_for`)."""
+    if src.shape[0] > 0 and src.shape[1] == 0:
+        raise ValueError(f"src must have at least one position (src_len >= 1) for a non-empty batch, got shape "
+                         f"{tuple(src.shape)}")
+    return check_lengths_for(src, lengths, name, x_name="src", min_length=1)
 
 
 # --------------------------------------------------------------------------------------------------- encoder
@@ -81,11 +78,13 @@ class Encoder(nn.Module):
     Call: ``(src (batch, src_len) int64, lengths (batch,) int64)`` -> ``(outputs, final)``:
     ``outputs`` ``(batch, src_len, output_size)`` are the annotations ``h_i`` (exactly zero at padded positions),
     ``final`` ``(batch, output_size)`` the last layer's final states (forward state after the last real token,
-    backward state after reading back to the first token). Both are unchanged when more padding is appended.
+    backward state after reading back to the first token). Both are unchanged when more padding is appended. An
+    empty batch (``batch = 0``) gives empty outputs ``(0, src_len, output_size)`` and ``(0, output_size)``.
 
     Raises:
-        TypeError: ``src`` or ``lengths`` is not an integer tensor.
-        ValueError: wrong shapes, or a length outside ``[1, src_len]``.
+        TypeError: ``src`` is not an integer tensor, or ``lengths`` is not of an integer dtype.
+        ValueError: ``src`` not 2-D; ``src_len = 0`` with a non-empty batch; ``lengths`` not of shape ``(batch,)``
+            or a length outside ``[1, src_len]`` (the messages give the shapes and values).
 
     Chapter 4, section "The encoder".
     """
@@ -105,7 +104,10 @@ class Encoder(nn.Module):
 
     def forward(self, src: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         _check_ids("src", src)
-        lengths = _check_lengths(lengths, src.shape[0], src.shape[1])
+        lengths = _check_lengths(src, lengths)
+        if src.shape[0] == 0:  # pack_padded_sequence refuses an empty batch
+            weight = self.embedding.weight
+            return (weight.new_zeros(0, src.shape[1], self.output_size), weight.new_zeros(0, self.output_size))
         embedded = self.dropout(self.embedding(src))
         packed = pack_padded_sequence(embedded, lengths.cpu(), batch_first=True, enforce_sorted=False)
         packed_out, h_n = self.rnn(packed)
@@ -153,7 +155,9 @@ class AttentionDecoder(nn.Module):
 
     Call (teacher forcing): ``(tgt_in (batch, tgt_len) int64, state, memory, mask)`` -> ``(logits (batch, tgt_len,
     vocab_size), weights)``, where ``weights`` is ``(batch, tgt_len, src_len)`` (detached; ``None`` without
-    attention) and ``state`` comes from :meth:`Seq2Seq.encode`. :meth:`step` does one step, for decoding.
+    attention) and ``state`` comes from :meth:`Seq2Seq.encode`. :meth:`step` does one step, for decoding. An empty
+    target (``tgt_len = 0``) gives logits ``(batch, 0, vocab_size)`` and weights ``(batch, 0, src_len)``; an empty
+    batch gives empty outputs.
 
     Raises:
         ValueError: an unknown ``style``; ``"luong"`` without attention; ``attention_layer_size`` with
@@ -288,6 +292,12 @@ class AttentionDecoder(nn.Module):
                 ) -> tuple[Tensor, Tensor | None]:
         _check_ids("tgt_in", tgt_in)
         self._check(memory, mask, state)
+        if tgt_in.shape[0] != memory.shape[0]:
+            raise ValueError(f"tgt_in has batch {tgt_in.shape[0]} but memory has batch {memory.shape[0]} "
+                             f"(shapes {tuple(tgt_in.shape)} and {tuple(memory.shape)})")
+        if tgt_in.shape[1] == 0:  # nothing to predict: the defined empty result
+            logits = memory.new_zeros(tgt_in.shape[0], 0, self.out.out_features)
+            return logits, None if self.attention is None else memory.new_zeros(tgt_in.shape[0], 0, memory.shape[1])
         embedded = self.dropout(self.embedding(tgt_in))
         keys = None if self.attention is None else self.project_keys(memory)   # once, not once per step
         features, weights = [], []
@@ -314,7 +324,9 @@ class Seq2Seq(nn.Module):
     with teacher forcing; ``tgt_in`` starts with ``<bos>``. :meth:`encode` gives what decoding needs.
 
     Raises ``ValueError`` when ``encoder.output_size`` differs from ``decoder.memory_size``, or when ``src`` and
-    ``tgt_in`` differ in batch size. Chapter 4, section "Four models, one training loop" (teacher forcing).
+    ``tgt_in`` differ in batch size; ``TypeError``/``ValueError`` for bad ids or lengths, as :class:`Encoder`. An
+    empty batch or an empty target (``tgt_len = 0``) gives empty logits ``(batch, tgt_len, vocab)`` and weights
+    (see :class:`AttentionDecoder`). Chapter 4, section "Four models, one training loop" (teacher forcing).
     """
 
     def __init__(self, encoder: Encoder, decoder: AttentionDecoder) -> None:
@@ -325,8 +337,10 @@ class Seq2Seq(nn.Module):
         self.encoder, self.decoder = encoder, decoder
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> EncoderOutput:
+        _check_ids("src", src)
+        src_lengths = _check_lengths(src, src_lengths, "src_lengths")
         memory, final = self.encoder(src, src_lengths)
-        mask = lengths_to_mask(torch.as_tensor(src_lengths).to(src.device), src.shape[1])[:, None, :]
+        mask = lengths_to_mask(src_lengths.to(src.device), src.shape[1])[:, None, :]
         return EncoderOutput(memory, mask, self.decoder.initial_state(final))
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -398,9 +412,14 @@ def _check_decode_args(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len
     if not isinstance(model, Seq2Seq):
         raise TypeError(f"model must be an attnbook.seq2seq.Seq2Seq, got {type(model).__name__}")
     _check_ids("src", src)
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
-    return _check_lengths(src_lengths, src.shape[0], src.shape[1])
+    check_int(max_len, "max_len", minimum=1)
+    return _check_lengths(src, src_lengths, "src_lengths")
+
+
+def _empty_decoded(model: Seq2Seq) -> Decoded:
+    """The result of decoding an empty batch: no sentences, ``scores`` of shape ``(0,)``."""
+    dtype = _score_dtype(model.decoder.out.weight)
+    return Decoded([], torch.zeros(0, dtype=dtype), None if model.decoder.attention is None else [])
 
 
 def _log_probs(logits: Tensor) -> Tensor:
@@ -431,13 +450,18 @@ def greedy_decode(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len: int
     Returns:
         :class:`Decoded` with the summed log-probabilities of the chosen tokens as ``scores``.
 
+    An empty batch (``batch = 0``) gives ``Decoded([], scores of shape (0,), [] or None)``.
+
     Raises:
-        TypeError: ``model`` is not a :class:`Seq2Seq`, or ids are not integer tensors.
-        ValueError: bad shapes or lengths, or ``max_len < 1``.
+        TypeError: ``model`` is not a :class:`Seq2Seq`, ids or lengths are not integer tensors, or ``max_len`` is
+            not an int.
+        ValueError: bad shapes or lengths (as in :class:`Encoder`), or ``max_len < 1``.
 
     Chapter 4, section "Greedy decoding and beam search".
     """
     src_lengths = _check_decode_args(model, src, src_lengths, max_len)
+    if src.shape[0] == 0:
+        return _empty_decoded(model)
     was_training = model.training
     model.eval()
     try:
@@ -491,16 +515,20 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
     Returns:
         :class:`Decoded` with the best hypothesis per sentence; ``scores`` are the normalized scores.
 
+    An empty batch gives ``Decoded([], scores of shape (0,), [] or None)``, as in :func:`greedy_decode`.
+
     Raises:
-        TypeError, ValueError: as in :func:`greedy_decode`; also ``beam_size < 1`` or ``length_penalty < 0``.
+        TypeError, ValueError: as in :func:`greedy_decode`; also ``beam_size`` not an int or ``< 1``, or
+            ``length_penalty < 0``.
 
     Chapter 4, section "Greedy decoding and beam search".
     """
     src_lengths = _check_decode_args(model, src, src_lengths, max_len)
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    check_int(beam_size, "beam_size", minimum=1)
     if length_penalty < 0:
         raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
+    if src.shape[0] == 0:
+        return _empty_decoded(model)
     was_training = model.training
     model.eval()
     try:

@@ -5,7 +5,9 @@ Explained in chapter 4, "Sequence to sequence with attention" (``chapters/04_seq
 
 The tokenizer is deliberately simple and fully documented, so that a reader can predict every token:
 
-- text is Unicode-normalized (NFC) and lower-cased;
+- text is Unicode-normalized (NFC) and lower-cased, and typographic apostrophes (``’`` U+2019, ``‘`` U+2018,
+  ``‛`` U+201B, ``ʼ`` U+02BC, ``＇`` U+FF07) become the ASCII ``'``, so ``don’t`` and ``don't`` give the same
+  token;
 - a token is a run of word characters (``\\w``, so accented letters count), optionally joined by apostrophes
   (``don't``, ``tom's`` stay one token), or a single other non-space character (punctuation such as ``.``,
   ``,``, ``?``, Spanish ``¿`` and ``¡``).
@@ -18,17 +20,21 @@ sentence) and ``<unk>`` = 3 (any token not in the vocabulary). Padded batches co
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from .masking import check_int
+
 __all__ = [
     "PAD", "BOS", "EOS", "UNK", "SPECIALS", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID",
-    "tokenize", "detokenize", "Vocab", "pad_batch",
+    "APOSTROPHES", "tokenize", "detokenize", "Vocab", "pad_batch",
 ]
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -37,6 +43,11 @@ SPECIALS = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 _TOKEN = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
+#: Apostrophe look-alikes mapped to ``'`` before tokenizing: right and left single quotation marks (U+2019, the
+#: apostrophe of typeset text, and U+2018), the single high-reversed-9 quotation mark (U+201B), the modifier letter
+#: apostrophe (U+02BC) and the fullwidth apostrophe (U+FF07).
+APOSTROPHES = "\u2019\u2018\u201b\u02bc\uff07"
+_APOSTROPHE_TABLE = str.maketrans({c: "'" for c in APOSTROPHES})
 # Detokenization: no space before closing punctuation, none after opening punctuation.
 _NO_SPACE_BEFORE = re.compile(r" ([.,!?;:%)\]}»])")
 _NO_SPACE_AFTER = re.compile(r"([¿¡(\[{«]) ")
@@ -50,7 +61,8 @@ def tokenize(text: str) -> list[str]:
 
     Returns:
         The tokens, e.g. ``tokenize("¿Dónde está Tom's car?")`` is
-        ``["¿", "dónde", "está", "tom's", "car", "?"]``. An empty or all-space string gives ``[]``.
+        ``["¿", "dónde", "está", "tom's", "car", "?"]``. An empty or all-space string gives ``[]``. Typographic
+        apostrophes (:data:`APOSTROPHES`) are read as ``'``: ``tokenize("Tom’s")`` is ``["tom's"]``.
 
     Raises:
         TypeError: ``text`` is not a ``str`` (e.g. NaN from a malformed data row).
@@ -59,7 +71,7 @@ def tokenize(text: str) -> list[str]:
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return _TOKEN.findall(unicodedata.normalize("NFC", text).lower())
+    return _TOKEN.findall(unicodedata.normalize("NFC", text).translate(_APOSTROPHE_TABLE).lower())
 
 
 def detokenize(tokens: Sequence[str]) -> str:
@@ -167,21 +179,36 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID, length: 
         bool mask (True = a real token).
 
     Raises:
-        ValueError: ``sequences`` is empty, a sequence is empty, or one is longer than ``length``.
+        TypeError: a sequence holds non-integer ids (e.g. ``1.5`` or ``True``; nothing is rounded), or ``pad_id`` or
+            ``length`` is not an int.
+        ValueError: ``sequences`` is empty, a sequence is empty, one is longer than ``length``, or ``length`` is
+            negative.
 
     Chapter 4, section "Tokens, vocabulary and padding".
     """
     if len(sequences) == 0:
         raise ValueError("sequences must not be empty")
-    lengths = [len(s) for s in sequences]
+    pad_id = check_int(pad_id, "pad_id")
+    rows = [seq.tolist() if isinstance(seq, (Tensor, np.ndarray)) else seq for seq in sequences]
+    lengths = [len(r) for r in rows]
     if min(lengths) == 0:
         raise ValueError(f"every sequence needs at least one token, got lengths {lengths}")
     longest = max(lengths)
     if length is None:
         length = longest
-    elif longest > length:
-        raise ValueError(f"a sequence of length {longest} does not fit into length={length}")
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    else:
+        length = check_int(length, "length", minimum=0)
+        if longest > length:
+            raise ValueError(f"a sequence of length {longest} does not fit into length={length}")
+    flat = list(itertools.chain.from_iterable(rows))
+    kinds = set(map(type, flat))
+    if not all(issubclass(k, (int, np.integer)) and not issubclass(k, (bool, np.bool_)) for k in kinds):
+        for row, seq in enumerate(rows):  # only on the error path: find the first offending id
+            for token in seq:
+                if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+                    raise TypeError(f"sequences[{row}] must hold int token ids, got {type(token).__name__} "
+                                    f"{token!r} (nothing is rounded, and bools are not ids)")
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    # One vectorized fill instead of one tensor per sequence: the real positions of row b are the first lengths[b].
+    ids[torch.arange(length) < torch.tensor(lengths).unsqueeze(1)] = torch.from_numpy(np.asarray(flat, dtype=np.int64))
     return ids, torch.tensor(lengths, dtype=torch.long)

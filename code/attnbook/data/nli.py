@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..masking import check_int
+
 __all__ = [
     "LABELS",
     "LEXICON",
@@ -520,21 +522,35 @@ _SNLI_FILES = {"train": "snli_1.0_train.jsonl", "validation": "snli_1.0_dev.json
                "test": "snli_1.0_test.jsonl"}
 
 
+def _check_max_examples(max_examples: object) -> int | None:
+    """``None`` (no limit) or an int >= 0; ``TypeError``/``ValueError`` naming ``max_examples`` otherwise."""
+    return None if max_examples is None else check_int(max_examples, "max_examples", minimum=0)
+
+
 def read_snli_jsonl(path: str | Path, max_examples: int | None = None) -> list[NLIExample]:
     """Read one of SNLI's own jsonl files (fields ``sentence1``, ``sentence2``, ``gold_label``, ``pairID``, ...).
 
     Pairs whose ``gold_label`` is ``"-"`` (no majority among the annotators) are dropped, as the hub version drops
     label ``-1``. Sentences are tokenized with :func:`tokenize`; ``h2p``/``p2h`` are ``None``.
 
+    Args:
+        path: the jsonl file.
+        max_examples: keep at most this many pairs (after dropping unlabelled ones); ``0`` gives an empty list
+            (the file must still exist); ``None`` = all.
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: a line is not JSON, lacks one of ``sentence1``/``sentence2``/``gold_label``, or has an
-            unknown label (the message gives the line number).
+        TypeError: ``max_examples`` is not an int (e.g. ``2.5``).
+        ValueError: ``max_examples`` is negative; a line is not JSON, lacks one of
+            ``sentence1``/``sentence2``/``gold_label``, or has an unknown label (the message gives the line number).
     """
+    max_examples = _check_max_examples(max_examples)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no SNLI jsonl file at {path}")
     out = []
+    if max_examples == 0:
+        return out
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -567,14 +583,16 @@ def load_snli(split: str = "train", path: str | Path | None = None, max_examples
         path: a local copy: either one SNLI jsonl file, or a directory with SNLI's ``snli_1.0_{train,dev,test}.jsonl``.
             ``None`` = download ``stanfordnlp/snli`` through the ``datasets`` library (needs the library and, the
             first time, a network; ``datasets`` is imported only on this path).
-        max_examples: keep at most this many pairs (after dropping unlabelled ones).
+        max_examples: keep at most this many pairs (after dropping unlabelled ones); ``0`` gives an empty list,
+            ``None`` = all.
 
     Returns:
         A list of :class:`NLIExample` with labels ``0`` entailment, ``1`` neutral, ``2`` contradiction (the hub's
         ids), tokenized by :func:`tokenize`.
 
     Raises:
-        ValueError: unknown ``split``.
+        ValueError: unknown ``split``, or ``max_examples`` negative.
+        TypeError: ``max_examples`` is not an int.
         FileNotFoundError: ``path`` is a directory without the split's jsonl file, or does not exist.
         ImportError: ``path`` is ``None`` and ``datasets`` is not installed (the message says how to proceed).
 
@@ -582,6 +600,7 @@ def load_snli(split: str = "train", path: str | Path | None = None, max_examples
     """
     if split not in _SNLI_FILES:
         raise ValueError(f"split must be one of {tuple(_SNLI_FILES)}, got {split!r}")
+    max_examples = _check_max_examples(max_examples)
     if path is not None:
         path = Path(path)
         if path.is_dir():
@@ -598,6 +617,8 @@ def load_snli(split: str = "train", path: str | Path | None = None, max_examples
     hub_split = "validation" if split == "dev" else split
     data = load_dataset("stanfordnlp/snli", split=hub_split)
     out = []
+    if max_examples == 0:
+        return out
     for i, row in enumerate(data):
         if row["label"] < 0:
             continue
