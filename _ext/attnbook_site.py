@@ -16,7 +16,8 @@ It fixes three defects of the default Jupyter Book 1 site, rather than allowlist
    distribution as plain files and has no dependencies).
 
 It also sets Sphinx's ``version``/``release`` from ``attnbook.__version__``, the book's one version number, and the
-theme's default colour mode (without one, pydata-sphinx-theme logs a console error on every page).
+theme's default colour mode (without one, pydata-sphinx-theme logs a console error on every page), and keeps the
+book's title in the sidebar under the logo (``_config.yml``'s ``logo:``, drawn by ``tools/make_logo.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def _config_inited(app: Sphinx, config) -> None:
     # pydata-sphinx-theme logs "Got invalid theme mode" to the console when no default mode is set.
     # sphinx-book-theme does not accept it as a theme option; the template reads it from the context.
     config.html_context.setdefault("default_mode", "auto")
+    # With a logo, pydata-sphinx-theme shows only the image at the top of the sidebar, unless the logo has a text:
+    # keep the book's title under the logo, as it is shown without one.
+    if config.html_logo and isinstance(config.html_theme_options, dict):
+        config.html_theme_options.setdefault("logo", {}).setdefault("text", config.html_title)
 
 
 def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
