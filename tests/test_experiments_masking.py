@@ -411,3 +411,21 @@ def test_packed_unpadded_predictions_equal_batches_of_one_length(data, masking):
     slow = ex._unpadded_predictions(model, data["test"], condition, TINY, torch.device("cpu"))
     model.encoder.packed = True
     assert (fast == slow).all() and len(fast) == len(data["test"]["labels"])
+
+
+def test_masking_data_pins_the_legacy_tokenization(monkeypatch):
+    """MaskingConfig.normalize_apostrophes (default False, the value of the stored runs) reaches the tokenizer, and a
+    provenance record written before the setting existed counts as that legacy value on resume."""
+    seen = []
+    real = ex.encode
+
+    def spy(texts, vocab, max_len, *, normalize_apostrophes=True):
+        seen.append(normalize_apostrophes)
+        return real(texts, vocab, max_len, normalize_apostrophes=normalize_apostrophes)
+
+    monkeypatch.setattr(ex, "encode", spy)
+    prepare_data(TINY)
+    assert seen == [False, False, False]
+    prepare_data(replace(TINY, normalize_apostrophes=True))
+    assert seen[3:] == [True, True, True]
+    assert ex.LEGACY_CONFIG == {"normalize_apostrophes": False} and not MaskingConfig().normalize_apostrophes

@@ -139,3 +139,9 @@ def test_pad_batch_refuses_non_integer_ids_and_length():
         pad_batch([[4, 5]], pad_id=0.5)
     ids, lengths = pad_batch([(4, 5), torch.tensor([6]), np.array([7, 8], dtype=np.int32), [np.int64(9)]], length=3)
     assert ids.tolist() == [[4, 5, 0], [6, 0, 0], [7, 8, 0], [9, 0, 0]] and lengths.tolist() == [2, 1, 2, 1]
+
+
+def test_tokenize_can_keep_typographic_apostrophes_as_punctuation():
+    """The legacy tokenization that stored experiments pin (chapter 5's MaskingConfig.normalize_apostrophes)."""
+    assert tokenize("don’t", normalize_apostrophes=False) == ["don", "’", "t"]
+    assert tokenize("don’t") == tokenize("don't") == ["don't"]

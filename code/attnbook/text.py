@@ -53,11 +53,14 @@ _NO_SPACE_BEFORE = re.compile(r" ([.,!?;:%)\]}»])")
 _NO_SPACE_AFTER = re.compile(r"([¿¡(\[{«]) ")
 
 
-def tokenize(text: str) -> list[str]:
+def tokenize(text: str, *, normalize_apostrophes: bool = True) -> list[str]:
     """Split ``text`` into lower-cased tokens: words (with inner apostrophes) and single punctuation marks.
 
     Args:
         text: one sentence, any Unicode string.
+        normalize_apostrophes: read typographic apostrophes as ``'`` (the default). ``False`` keeps them as
+            punctuation tokens, as attnbook did before version 0.2; stored experiments that were made so (chapter
+            5's ``results/masking_full.csv``) keep it, so that every one of their runs sees the same tokens.
 
     Returns:
         The tokens, e.g. ``tokenize("¿Dónde está Tom's car?")`` is
@@ -71,7 +74,10 @@ def tokenize(text: str) -> list[str]:
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return _TOKEN.findall(unicodedata.normalize("NFC", text).translate(_APOSTROPHE_TABLE).lower())
+    text = unicodedata.normalize("NFC", text)
+    if normalize_apostrophes:
+        text = text.translate(_APOSTROPHE_TABLE)
+    return _TOKEN.findall(text.lower())
 
 
 def detokenize(tokens: Sequence[str]) -> str:

@@ -134,21 +134,26 @@ def split_reviews(df: pd.DataFrame, fractions: Sequence[float] = (0.8, 0.1, 0.1)
     return out
 
 
-def build_vocab(texts: Iterable[str], min_freq: int = 2, max_size: int | None = 20_000) -> Vocab:
+def build_vocab(texts: Iterable[str], min_freq: int = 2, max_size: int | None = 20_000, *,
+                normalize_apostrophes: bool = True) -> Vocab:
     """:class:`attnbook.text.Vocab` of the tokens of ``texts`` (use the training split only).
 
-    ``min_freq`` and ``max_size`` (which counts the four special tokens) are passed to ``Vocab.build``.
+    ``min_freq`` and ``max_size`` (which counts the four special tokens) are passed to ``Vocab.build``;
+    ``normalize_apostrophes`` to :func:`attnbook.text.tokenize`.
     """
-    return Vocab.build((tokenize(t) for t in texts), min_freq=min_freq, max_size=max_size)
+    return Vocab.build((tokenize(t, normalize_apostrophes=normalize_apostrophes) for t in texts),
+                       min_freq=min_freq, max_size=max_size)
 
 
-def encode(texts: Iterable[str], vocab: Vocab, max_len: int) -> tuple[Tensor, Tensor]:
+def encode(texts: Iterable[str], vocab: Vocab, max_len: int, *,
+           normalize_apostrophes: bool = True) -> tuple[Tensor, Tensor]:
     """Tokenize, truncate to the first ``max_len`` tokens, map to ids and right-pad with ``<pad>`` = 0.
 
     Args:
         texts: review texts.
         vocab: the vocabulary (unknown tokens -> ``<unk>``).
         max_len: the padded length, >= 1. Longer reviews keep their first ``max_len`` tokens.
+        normalize_apostrophes: passed to :func:`attnbook.text.tokenize`.
 
     Returns:
         ``(ids, lengths)``: int64 ``(n, max_len)`` and int64 ``(n,)``; a review with no token at all gets one
@@ -160,7 +165,8 @@ def encode(texts: Iterable[str], vocab: Vocab, max_len: int) -> tuple[Tensor, Te
     """
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
-    sequences = [vocab.encode(tokenize(t)[:max_len]) or [vocab.unk_id] for t in texts]
+    sequences = [vocab.encode(tokenize(t, normalize_apostrophes=normalize_apostrophes)[:max_len]) or [vocab.unk_id]
+                 for t in texts]
     if not sequences:
         return torch.full((0, max_len), PAD_ID, dtype=torch.long), torch.zeros(0, dtype=torch.long)
     return pad_batch(sequences, pad_id=PAD_ID, length=max_len)

@@ -73,6 +73,8 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 RESULT_COLUMNS = ("test_accuracy", "val_accuracy", "pad_mass", "flip_rate", "nan_count", "zero_state_score",
                   "pad_score_mean", "real_score_mean", "real_score_std", "real_below_zero_state", "padding_fraction",
                   "tokens_per_s", "train_time_s", "flip_rate_in")
+#: Settings added to :class:`MaskingConfig` after runs were first stored, with the value those runs had.
+LEGACY_CONFIG = {"normalize_apostrophes": False}
 #: Result columns added after runs were first stored: a file without them is upgraded on resume (its stored runs
 #: get NaN there, since they were never measured), rather than refused.
 ADDED_COLUMNS = ("flip_rate_in",)
@@ -105,6 +107,10 @@ class MaskingConfig(ModeConfig):
     split_seed: int = 0
     eval_batch_size: int = 200
     threads: int = 1
+    #: Tokenization of the reviews (:func:`attnbook.text.tokenize`): ``False`` keeps typographic apostrophes as
+    #: punctuation, as when the stored full-scale runs began (18 of the 24,902 IMDB reviews tokenize differently), so
+    #: that every stored run, and every run that resumes them, sees the same tokens.
+    normalize_apostrophes: bool = False
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -162,10 +168,11 @@ def prepare_data(cfg: MaskingConfig) -> dict:
     splits = split_reviews(load_reviews(cfg.source), seed=cfg.split_seed)
     caps = {"train": cfg.n_train, "validation": cfg.n_eval, "test": cfg.n_eval}
     splits = {k: df if caps[k] is None else df.iloc[: caps[k]] for k, df in splits.items()}
-    vocab = build_vocab(splits["train"].text, min_freq=2, max_size=cfg.vocab_size)
+    vocab = build_vocab(splits["train"].text, min_freq=2, max_size=cfg.vocab_size,
+                        normalize_apostrophes=cfg.normalize_apostrophes)
     data: dict = {"vocab_size": len(vocab)}
     for name, df in splits.items():
-        ids, lengths = encode(df.text, vocab, cfg.max_len)
+        ids, lengths = encode(df.text, vocab, cfg.max_len, normalize_apostrophes=cfg.normalize_apostrophes)
         data[name] = {"ids": ids.numpy().astype(np.int32), "lengths": lengths.numpy(),
                       "labels": df.label.to_numpy(dtype=np.int64)}
     return data
@@ -469,7 +476,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     config = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("extra", "seeds", "grid")},
                                    default=str))
-    stored_config = {k: v for k, v in previous.get("config", {}).items() if k not in ("seeds", "grid")}
+    # A record written before a setting existed was made with that setting's legacy value.
+    stored_config = {**LEGACY_CONFIG, **{k: v for k, v in previous.get("config", {}).items()
+                                         if k not in ("seeds", "grid")}} if previous.get("config") else {}
     if stored_config and stored_config != config:
         changed = sorted(k for k in config.keys() | stored_config.keys() if config.get(k) != stored_config.get(k))
         parser.error(f"{out} holds runs made with another configuration (differs in {changed}); "
