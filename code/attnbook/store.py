@@ -540,6 +540,9 @@ class Session:
             self._handler = signal.signal(signal.SIGTERM, self._terminate)
         try:
             self.write("running")
+        except KeyboardInterrupt:     # interrupted at once: recorded as such (and SystemExit for a command line)
+            self.__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)
+            raise
         except BaseException:
             self._restore()
             raise
