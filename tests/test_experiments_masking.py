@@ -573,3 +573,26 @@ def test_runs_made_elsewhere_are_merged(tmp_path, tiny):
     assert len(sessions) == 2 and sessions[1]["merged_from"] == str(gpu.resolve())
     with pytest.raises(ValueError, match=r"another configuration \(differs in \[.*'max_len'"):
         merge(gpu, _committed(tmp_path))               # tiny runs never join the full-mode results
+
+
+def test_gpu_runs_merge_into_the_committed_results(tmp_path):
+    """What merge is for: runs of the full-mode core grid made elsewhere join results/masking_full.csv (a copy);
+    the run both hold is skipped, the new one is appended, and the other store's session is recorded."""
+    from attnbook.store import Session
+
+    out = _committed(tmp_path)
+    committed = pd.read_csv(out)
+    gpu = tmp_path / "masking_gpu.csv"
+    shared = committed.iloc[0].to_dict()
+    new = {**shared, "masking": "additive", "rnn_input": "unpacked", "batching": "bucketed", "seed": 19,
+           "device": "NVIDIA H100 80GB HBM3"}
+    with ex.open_store(gpu, replace(MaskingConfig.full(), grid="core")) as store, \
+            Session(store, lambda wall: {"device": "NVIDIA H100 80GB HBM3"}, cli=False):
+        store.append(shared)
+        store.append(new)
+    assert merge(gpu, out) == {"added": 1, "skipped": 1, "sessions": 1}
+    merged = pd.read_csv(out)
+    assert len(merged) == len(committed) + 1 and not merged.duplicated(KEYS).any()
+    assert merged.iloc[-1].device == "NVIDIA H100 80GB HBM3" and merged.iloc[-1].seed == 19
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert sessions[-1]["device"] == "NVIDIA H100 80GB HBM3" and sessions[-1]["merged_from"] == str(gpu.resolve())

@@ -76,7 +76,8 @@ def test_each_data_set_is_stored_as_it_finishes(tmp_path, tiny, monkeypatch, snl
 
     monkeypatch.setattr(ex, "load_data", network_down)
     with pytest.raises(ConnectionError):
-        ex.main(["--mode", "quick", "--data", "all", "--snli-path", str(snli_dir), "--out", str(out), "--device", "cpu"])
+        ex.main(["--mode", "quick", "--data", "all", "--snli-path", str(snli_dir), "--out", str(out),
+                 "--device", "cpu"])
     assert pd.read_csv(out).model.tolist() == MODELS
     monkeypatch.setattr(ex, "load_data", real)
     result = ex.main(["--mode", "quick", "--data", "all", "--snli-path", str(snli_dir), "--out", str(out),

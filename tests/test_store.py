@@ -69,7 +69,8 @@ def test_each_table_gets_one_write_then_fsync(tmp_path, monkeypatch):
     fill(out, ["a"])
     calls = []
     real_write, real_fsync = os.write, os.fsync
-    monkeypatch.setattr(store.os, "write", lambda fd, data: calls.append(("write", bytes(data))) or real_write(fd, data))
+    monkeypatch.setattr(store.os, "write",
+                        lambda fd, data: calls.append(("write", bytes(data))) or real_write(fd, data))
     monkeypatch.setattr(store.os, "fsync", lambda fd: calls.append(("fsync",)) or real_fsync(fd))
     with ResultsStore(out, LAYOUT, CONFIG) as s:
         calls.clear()

@@ -365,7 +365,7 @@ class ResultsStore:
         if not self.read_only:
             self.out.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._lock.acquire(blocking=False)
+            self._lock.acquire(timeout=0)
         except Timeout:
             raise StoreLocked(f"another process is writing to {self.out} (it holds {lock_path(self.out).name}); "
                               "wait until it ends, or write to another --out") from None

@@ -11,7 +11,8 @@ Use from Python (the chapter does)::
 
 or from the command line, for several seeds with provenance beside the CSV::
 
-    python -m attnbook.experiments.attention_explanation --mode full --seeds 3 --out results/attention_explanation_full.csv
+    python -m attnbook.experiments.attention_explanation --mode full --seeds 3 \
+        --out results/attention_explanation_full.csv
 
 which trains, for each seed, the learned-attention classifier (and runs the tests on it) and its uniform twin, and
 writes ``attention_explanation_full.csv`` (one row per attention and seed), ``..._history.csv`` (per epoch),

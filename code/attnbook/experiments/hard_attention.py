@@ -333,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("quick", "full"), default="full")
     parser.add_argument("--out", type=csv_path, default=Path("results/hard_attention_full.csv"))
     parser.add_argument("--device", type=device_arg, default=None, help="cpu or cuda (default: the config's)")
-    parser.add_argument("--seeds", type=positive_int, default=None, help="number of seeds (0..N-1); default: the mode's")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of seeds (0..N-1); default: the mode's")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = HardAttentionConfig.for_mode(args.mode)

@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.masking", description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
     parser.add_argument("--grid", choices=("chapter", "core", "full"), default=None, help="default: the mode's grid")
-    parser.add_argument("--seeds", type=positive_int, default=None, help="number of seeds (0..N-1); default: the mode's")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of seeds (0..N-1); default: the mode's")
     parser.add_argument("--source", choices=("imdb", "rotten_tomatoes"), default=None)
     parser.add_argument("--only", default=None,
                         help="comma-separated condition ids to run, e.g. attention/none/packed/random/fp32")
