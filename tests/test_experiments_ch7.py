@@ -92,3 +92,161 @@ def test_explanation_pipeline_runs():
     result = ex.explanation_tests(cfg, model, data)
     per = result["per_example"]
     assert len(per) == 5 and per.tau_grad.between(-1, 1).all() and (per.perm_median_change >= 0).all()
+
+
+# ---------------------------------------------------------------- the command lines as results stores
+import os  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+
+from test_store import check_resumed, cut_last_line, kill_after_rows  # noqa: E402
+
+from attnbook.hard_attention import MODES  # noqa: E402
+
+EX_TINY = replace(ex.ExplanationConfig.quick(), n_train=300, n_test=60, n_analyse=5, max_len=24, vocab_size=500,
+                  epochs=1, n_permutations=3)
+
+
+@pytest.fixture()
+def tiny(monkeypatch):
+    monkeypatch.setattr(ha.HardAttentionConfig, "quick", classmethod(lambda cls: TINY))
+    monkeypatch.setattr(ex.ExplanationConfig, "quick", classmethod(lambda cls: EX_TINY))
+
+
+def _argv(out, *more):
+    return ["--mode", "quick", "--out", str(out), "--device", "cpu", "--no-progress", *more]
+
+
+def _check_hard_attention_tables(out, seeds):
+    curves = pd.read_csv(out.with_name(out.stem + "_curves.csv"))
+    gradvar = pd.read_csv(out.with_name(out.stem + "_gradvar.csv"))
+    assert curves.groupby(["mode", "seed"]).size().to_dict() == {(m, s): 2 for m in MODES for s in seeds}
+    assert not curves.duplicated(["mode", "seed", "step"]).any()
+    assert gradvar.groupby(["seed", "checkpoint"]).size().to_dict() == {
+        (s, c): 2 * len(ha.ESTIMATORS) for s in seeds for c in ("initial", "trained soft")}
+    assert set(gradvar["mode"]) == {"soft"}
+
+
+def test_hard_attention_killed_run_resumes_without_losing_or_doubling_a_run(tmp_path, tiny):
+    out = tmp_path / "h.csv"
+    code, before = kill_after_rows("attnbook.experiments.hard_attention", TINY, _argv(out, "--seeds", "2"), out, rows=2)
+    assert code == -signal.SIGKILL
+    assert ha.main(_argv(out, "--seeds", "2")) == 0
+    check_resumed(out, before, ["mode", "seed"], expected=6)
+    _check_hard_attention_tables(out, [0, 1])
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert [s["status"] for s in sessions] == ["running", "finished"]
+
+
+def test_hard_attention_cut_last_row_is_set_aside_and_its_run_redone(tmp_path, tiny, capsys):
+    out = tmp_path / "h.csv"
+    ha.main(_argv(out))
+    cut_last_line(out)
+    before = out.read_bytes()
+    ha.main(_argv(out))
+    assert "set aside a damaged last line" in capsys.readouterr().err
+    frame = check_resumed(out, before, ["mode", "seed"], expected=3)
+    assert frame["mode"].tolist() == list(MODES)
+    _check_hard_attention_tables(out, [0])
+
+
+def test_hard_attention_more_seeds_resume_and_the_device_is_not_configuration(tmp_path, tiny, capsys):
+    from dataclasses import asdict
+
+    from attnbook.store import ResultsStore
+
+    out = tmp_path / "h.csv"
+    ha.main(_argv(out))
+    assert ha.main(_argv(out, "--seeds", "2")) == 0 and len(pd.read_csv(out)) == 6
+    _check_hard_attention_tables(out, [0, 1])
+    ResultsStore(out, ha.LAYOUT, asdict(replace(TINY, device="cuda", seeds=(0, 1, 2)))).open().close()
+    with pytest.raises(SystemExit):
+        ha.main(["--mode", "full", "--out", str(out), "--device", "cpu"])
+    assert "another configuration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module,argv,message", [
+    (ha, ["--seeds", "0"], "argument --seeds: must be an integer >= 1, got '0'"),
+    (ha, ["--device", "gpu"], "argument --device: 'gpu' is not a torch device"),
+    (ha, ["--out", "h.json"], "argument --out: must name a .csv file"),
+    (ex, ["--seeds", "-1"], "argument --seeds: must be an integer >= 1, got '-1'"),
+    (ex, ["--epochs", "0"], "argument --epochs: must be an integer >= 1, got '0'"),
+    (ex, ["--out", "e.json"], "argument --out: must name a .csv file"),
+])
+def test_bad_arguments_fail_before_the_data_are_made(tmp_path, monkeypatch, capsys, module, argv, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ha, "make_data", lambda cfg: pytest.fail("data were made"))
+    monkeypatch.setattr(ex, "prepare_reviews", lambda cfg: pytest.fail("data were loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--mode", "quick", "--out", "x.csv", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("module,function", [(ha, "train_captioner"), (ex, "run_one")])
+def test_sigterm_ends_the_command_line_with_143(tmp_path, tiny, monkeypatch, module, function):
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(ha, "make_data", lambda cfg: None)
+    monkeypatch.setattr(ha, "gradient_variance", lambda *args: pd.DataFrame())
+    monkeypatch.setattr(ex, "prepare_reviews", lambda cfg: None)
+    monkeypatch.setattr(module, function, terminated)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(_argv(tmp_path / "x.csv"))
+    assert exit_info.value.code == 143
+    assert json.loads((tmp_path / "x.json").read_text())["sessions"][-1]["status"] == "interrupted"
+
+
+def _check_explanation_tables(out, seeds):
+    frame = pd.read_csv(out)
+    history = pd.read_csv(out.with_name(out.stem + "_history.csv"))
+    per_example = pd.read_csv(out.with_name(out.stem + "_per_example.csv"))
+    assert history.groupby(["attention", "seed"]).size().to_dict() == {
+        (a, s): EX_TINY.epochs for a in ex.ATTENTIONS for s in seeds}
+    assert per_example.groupby(["attention", "seed"]).size().to_dict() == {("learned", s): 5 for s in seeds}
+    learned = frame[frame.attention == "learned"].set_index("seed")
+    means = per_example.groupby("seed").tau_grad.mean()
+    assert learned.mean_tau_grad.values == pytest.approx(means.loc[learned.index].values)
+    assert frame[frame.attention == "uniform"].mean_tau_grad.isna().all()
+
+
+def test_explanation_cli_stores_runs_with_provenance(tmp_path, tiny):
+    out = tmp_path / "e.csv"
+    assert ex.main(_argv(out)) == 0
+    frame = pd.read_csv(out)
+    assert frame[["attention", "seed"]].values.tolist() == [["learned", 0], ["uniform", 0]]
+    assert frame.test_acc.between(0, 1).all() and (frame.n_train == 300).all()
+    _check_explanation_tables(out, [0])
+    prov = json.loads(out.with_suffix(".json").read_text())
+    assert prov["mode"] == "quick" and prov["device_type"] == "cpu" and prov["config"]["seeds"] == [0]
+    assert "seed" not in prov["config"] and prov["sessions"][0]["status"] == "finished"
+
+
+def test_explanation_killed_run_resumes_without_losing_or_doubling_a_run(tmp_path, tiny):
+    out = tmp_path / "e.csv"
+    code, before = kill_after_rows("attnbook.experiments.attention_explanation", EX_TINY,
+                                   _argv(out, "--seeds", "2"), out, rows=1)
+    assert code == -signal.SIGKILL
+    ex.main(_argv(out, "--seeds", "2"))
+    check_resumed(out, before, ["attention", "seed"], expected=4)
+    _check_explanation_tables(out, [0, 1])
+
+
+def test_explanation_cut_last_row_is_set_aside_and_its_run_redone(tmp_path, tiny, capsys):
+    out = tmp_path / "e.csv"
+    ex.main(_argv(out))
+    whole = pd.read_csv(out)
+    cut_last_line(out)
+    before = out.read_bytes()
+    ex.main(_argv(out))
+    assert "set aside a damaged last line" in capsys.readouterr().err
+    frame = check_resumed(out, before, ["attention", "seed"], expected=2)
+    pd.testing.assert_frame_equal(frame.drop(columns="wall_s"), whole.drop(columns="wall_s"))
+    _check_explanation_tables(out, [0])
+
+
+def test_explanation_run_one_errors():
+    with pytest.raises(ValueError, match=r"attention must be one of \('learned', 'uniform'\), got 'hard'"):
+        ex.run_one(EX_TINY, {}, "hard")

@@ -306,10 +306,11 @@ def test_main_writes_csv_and_provenance(tmp_path, monkeypatch):
     assert meta["total_wall_time_s"] == pytest.approx(sum(s["wall_time_s"] for s in meta["sessions"]), abs=0.02)
 
 
-def test_main_only_rejects_conditions_outside_the_grid(capsys):
+def test_main_only_rejects_conditions_outside_the_grid(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        ex.main(["--mode", "quick", "--only", "attention/none/packed/bucketed/fp32", "--out", "/dev/null"])
+        ex.main(["--mode", "quick", "--only", "attention/none/packed/bucketed/fp32", "--out", str(tmp_path / "m.csv")])
     assert "not in the 'chapter' grid" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_main_refuses_to_resume_with_another_configuration(tmp_path, capsys):
@@ -321,47 +322,52 @@ def test_main_refuses_to_resume_with_another_configuration(tmp_path, capsys):
     assert "another configuration" in err and "max_len" in err
 
 
-def test_main_writes_provenance_when_interrupted(tmp_path, monkeypatch):
+def test_main_writes_provenance_when_interrupted_and_exits_130(tmp_path, monkeypatch):
     out = tmp_path / "m.csv"
 
-    def interrupted_grid(cfg, **kwargs):
-        pd.DataFrame([{"pooling": "mean", "masking": "-", "rnn_input": "packed", "batching": "random",
-                       "precision": "fp32", "seed": 0, "test_accuracy": 0.5}]).to_csv(out, index=False)
+    def interrupted_grid(cfg, *, out, **kwargs):
+        out.append({"pooling": "mean", "masking": "-", "rnn_input": "packed", "batching": "random",
+                    "precision": "fp32", "seed": 0, "test_accuracy": 0.5})
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ex, "run_grid", interrupted_grid)
-    frame = ex.main(["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu"])
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu"])
+    assert exit_info.value.code == 130
     meta = json.loads(out.with_suffix(".json").read_text())
-    assert len(frame) == 1 and meta["n_runs"] == 1 and meta["sessions"][-1]["interrupted"] is True
-    assert meta["sessions"][-1]["status"] == "interrupted"
+    assert meta["n_runs"] == 1 and meta["sessions"][-1]["interrupted"] is True
+    assert meta["sessions"][-1]["status"] == "interrupted" and meta["sessions"][-1]["runs_added"] == 1
+    assert len(pd.read_csv(out)) == 1
 
 
 def test_main_checkpoints_provenance_after_every_run(tmp_path, monkeypatch):
-    """A run killed without notice (no SIGTERM, no Ctrl-C) still leaves a record of its session, up to its last
-    finished run, marked as running; the final record replaces it."""
+    """A run killed without notice (SIGKILL, a machine that goes away) still leaves a record of its session, up to
+    its last finished run, marked as running; a session that fails is recorded as failed."""
     out = tmp_path / "m.csv"
     out.with_suffix(".json").write_text(json.dumps({"sessions": [{"wall_time_s": 10.0, "note": "an earlier one"}]}))
     row = {"pooling": "mean", "masking": "-", "rnn_input": "packed", "batching": "random", "precision": "fp32",
            "test_accuracy": 0.5}
     seen = []
 
-    def killed_grid(cfg, *, on_run, **kwargs):
+    def failing_grid(cfg, *, out, on_run, **kwargs):
         for seed in (0, 1):
-            pd.DataFrame([dict(row, seed=seed)]).to_csv(out, mode="a", header=seed == 0, index=False)
-            on_run(pd.read_csv(out))
-            seen.append(json.loads(out.with_suffix(".json").read_text()))
-        raise SystemExit("killed")  # not KeyboardInterrupt: main cannot write a final record
+            out.append(dict(row, seed=seed))
+            on_run(out.frame())
+            seen.append(json.loads(out.sidecar.read_text()))
+        raise RuntimeError("the GPU fell off the bus")
 
-    monkeypatch.setattr(ex, "run_grid", killed_grid)
-    with pytest.raises(SystemExit):
+    monkeypatch.setattr(ex, "run_grid", failing_grid)
+    with pytest.raises(RuntimeError, match="the GPU fell off the bus"):
         ex.main(["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu"])
     assert [m["n_runs"] for m in seen] == [1, 2]
     for meta in seen:
         assert len(meta["sessions"]) == 2 and meta["sessions"][0]["note"] == "an earlier one"
         assert meta["sessions"][-1]["status"] == "running" and meta["sessions"][-1]["interrupted"] is True
         assert meta["total_wall_time_s"] == pytest.approx(10.0 + meta["sessions"][-1]["wall_time_s"], abs=0.02)
-    assert json.loads(out.with_suffix(".json").read_text()) == seen[-1]
-    assert not list(tmp_path.glob("*.partial"))
+    final = json.loads(out.with_suffix(".json").read_text())
+    assert final["sessions"][-1]["status"] == "failed" and final["n_runs"] == 2
+    assert final["sessions"][-1]["error"] == "RuntimeError: the GPU fell off the bus"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".partial", ".tmp"))]
 
 
 def test_run_grid_reports_every_finished_run(tmp_path, data, two_conditions):
@@ -429,3 +435,200 @@ def test_masking_data_pins_the_legacy_tokenization(monkeypatch):
     prepare_data(replace(TINY, normalize_apostrophes=True))
     assert seen[3:] == [True, True, True]
     assert ex.LEGACY_CONFIG == {"normalize_apostrophes": False} and not MaskingConfig().normalize_apostrophes
+
+
+# ---------------------------------------------------------------- the results store of the command line
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from test_store import check_resumed, cut_last_line, kill_after_rows  # noqa: E402
+
+from attnbook.store import merge  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CENTRAL = "attention/none/packed/random/fp32,attention/neg_inf/packed/random/fp32"
+
+
+def _argv(out, *more):
+    return ["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu", *more]
+
+
+@pytest.fixture()
+def tiny(monkeypatch):
+    monkeypatch.setattr(MaskingConfig, "quick", classmethod(lambda cls: TINY))
+
+
+@pytest.fixture()
+def no_data(monkeypatch):
+    """Fail the test if a run would load the reviews."""
+    def refuse(cfg):
+        raise AssertionError("the data were loaded")
+
+    monkeypatch.setattr(ex, "prepare_data", refuse)
+
+
+def test_a_killed_run_resumes_without_losing_or_doubling_a_run(tmp_path, tiny):
+    """A real command line, SIGKILLed once 2 of its 10 runs are stored, then resumed."""
+    out = tmp_path / "m.csv"
+    code, before = kill_after_rows("attnbook.experiments.masking", TINY, _argv(out), out, rows=2)
+    assert code == -signal.SIGKILL
+    killed = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert [s["status"] for s in killed] == ["running"]
+    ex.main(_argv(out))
+    frame = check_resumed(out, before, KEYS, expected=10)
+    assert set(frame.apply(condition_id, axis=1)) == {condition_id(c) for c in conditions("chapter")}
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert [s["status"] for s in sessions] == ["running", "finished"]
+    assert sessions[1]["runs_added"] == 10 - (before.count(b"\n") - 1)      # the runs that were not stored
+
+
+def test_a_cut_last_row_is_set_aside_and_its_run_redone(tmp_path, tiny, capsys):
+    out = tmp_path / "m.csv"
+    ex.main(_argv(out, "--seeds", "1"))
+    whole = pd.read_csv(out)
+    line = cut_last_line(out)
+    before = out.read_bytes()
+    ex.main(_argv(out, "--seeds", "1"))
+    assert "set aside a damaged last line" in capsys.readouterr().err
+    frame = check_resumed(out, before, KEYS, expected=5)
+    (aside,) = tmp_path.glob("m.csv.damaged-*")
+    assert aside.read_bytes() == line[: len(line) // 2]
+    pd.testing.assert_frame_equal(_metrics(frame), _metrics(whole), check_dtype=False)   # the same run, redone
+
+
+def test_an_interrupted_command_line_exits_143(tmp_path):
+    """``python -m`` itself, stopped with SIGTERM while it works: exit status 143, the session recorded."""
+    out = tmp_path / "m.csv"
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO / "code")}
+    process = subprocess.Popen([sys.executable, "-m", "attnbook.experiments.masking", *_argv(out),
+                                "--source", "rotten_tomatoes", "--seeds", "1", "--threads", "1"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        while not out.with_suffix(".json").exists():
+            assert process.poll() is None, process.stderr.read().decode()
+            __import__("time").sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=120) == 143
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "interrupted (SIGTERM)" in process.stderr.read().decode()
+    assert json.loads(out.with_suffix(".json").read_text())["sessions"][-1]["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--seeds", "-1"], "argument --seeds: must be an integer >= 1, got '-1'"),
+    (["--seeds", "0"], "argument --seeds: must be an integer >= 1, got '0'"),
+    (["--threads", "0"], "argument --threads: must be an integer >= 1, got '0'"),
+    (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
+    (["--device", "gpu"], "argument --device: 'gpu' is not a torch device"),
+    (["--out", "results.json"], "argument --out: must name a .csv file"),
+])
+def test_bad_arguments_fail_at_once_with_one_line(tmp_path, monkeypatch, capsys, no_data, argv, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--mode", "quick", "--out", "m.csv", "--no-progress", *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.strip().splitlines()[-1].startswith("python -m")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_fails_at_once(tmp_path, capsys, no_data):
+    with pytest.raises(SystemExit):
+        ex.main(_argv(tmp_path / "m.csv")[:-2] + ["--device", "cuda"])
+    assert "argument --device: 'cuda': CUDA is not available on this machine" in capsys.readouterr().err
+
+
+def test_threads_workers_and_device_do_not_count_as_configuration(tmp_path, tiny):
+    out = tmp_path / "m.csv"
+    ex.main(_argv(out, "--seeds", "1", "--threads", "1", "--only", CENTRAL))
+    frame = ex.main(_argv(out, "--seeds", "1", "--threads", "2", "--workers", "2", "--only", CENTRAL))
+    assert len(frame) == len(pd.read_csv(out)) == 2
+    assert len(json.loads(out.with_suffix(".json").read_text())["sessions"]) == 2
+
+
+def test_runs_without_their_record_are_not_resumed(tmp_path, monkeypatch, capsys, no_data):
+    """The sidecar is the only record of the configuration: without it, a file made from Rotten Tomatoes would be
+    resumed with IMDB."""
+    out = tmp_path / "m.csv"
+    pd.DataFrame([dict(cond(), seed=0, test_accuracy=0.5)]).reindex(columns=ex._columns()).to_csv(out, index=False)
+    with pytest.raises(SystemExit):
+        ex.main(_argv(out, "--source", "imdb"))
+    assert "holds 1 finished runs but their provenance record m.json is missing" in capsys.readouterr().err
+
+
+def test_a_second_process_on_the_same_out_is_refused(tmp_path, capsys, no_data):
+    out = tmp_path / "m.csv"
+    with ex.open_store(out, MaskingConfig.quick()):
+        with pytest.raises(SystemExit):
+            ex.main(_argv(out))
+    assert "another process is writing to" in capsys.readouterr().err
+
+
+def _committed(tmp_path):
+    for suffix in (".csv", ".json"):
+        shutil.copy(REPO / "results" / f"masking_full{suffix}", tmp_path / f"masking_full{suffix}")
+    return tmp_path / "masking_full.csv"
+
+
+def test_the_committed_results_open_and_resume(tmp_path, no_data):
+    """results/masking_full.csv and .json, as stored, pass the guard with --mode full --grid core (their sidecar
+    records threads=1, which does not count), keep every value and session, and gain one session."""
+    out = _committed(tmp_path)
+    original = pd.read_csv(out, dtype=str, keep_default_na=False)
+    meta = json.loads(out.with_suffix(".json").read_text())
+    with ex.open_store(out, replace(MaskingConfig.full(), grid="core", threads=4)) as store:
+        assert store.n_runs == len(original)
+    stored = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(stored.columns) == ex._columns()
+    pd.testing.assert_frame_equal(stored[list(original.columns)], original)
+    frame = ex.main(["--mode", "full", "--grid", "core", "--only", CENTRAL, "--out", str(out), "--device", "cpu",
+                     "--no-progress"])                  # every central run is stored: nothing to train
+    assert len(frame) == len(original) and len(pd.read_csv(out)) == len(original)
+    after = json.loads(out.with_suffix(".json").read_text())
+    assert after["sessions"][:-1] == meta["sessions"] and after["sessions"][-1]["runs_added"] == 0
+    legacy = {**ex.LEGACY_CONFIG, **meta["config"]}      # settings added since read as their legacy value
+    assert after["config"] == {k: legacy[k] for k in after["config"]}
+    assert after["total_wall_time_s"] == pytest.approx(meta["total_wall_time_s"] + after["sessions"][-1]["wall_time_s"],
+                                                       abs=0.02)
+
+
+def test_runs_made_elsewhere_are_merged(tmp_path, tiny):
+    gpu, main_out = tmp_path / "gpu.csv", tmp_path / "main.csv"
+    ex.main(_argv(main_out, "--seeds", "1", "--only", CENTRAL))
+    ex.main(_argv(gpu, "--seeds", "2", "--only", CENTRAL))
+    assert merge(gpu, main_out) == {"added": 2, "skipped": 2, "sessions": 1}
+    stored = pd.read_csv(main_out)
+    assert len(stored) == 4 and not stored.duplicated(KEYS).any()
+    pd.testing.assert_frame_equal(_metrics(stored), _metrics(pd.read_csv(gpu)), check_dtype=False)
+    sessions = json.loads(main_out.with_suffix(".json").read_text())["sessions"]
+    assert len(sessions) == 2 and sessions[1]["merged_from"] == str(gpu.resolve())
+    with pytest.raises(ValueError, match=r"another configuration \(differs in \[.*'max_len'"):
+        merge(gpu, _committed(tmp_path))               # tiny runs never join the full-mode results
+
+
+def test_gpu_runs_merge_into_the_committed_results(tmp_path):
+    """What merge is for: runs of the full-mode core grid made elsewhere join results/masking_full.csv (a copy);
+    the run both hold is skipped, the new one is appended, and the other store's session is recorded."""
+    from attnbook.store import Session
+
+    out = _committed(tmp_path)
+    committed = pd.read_csv(out)
+    gpu = tmp_path / "masking_gpu.csv"
+    shared = committed.iloc[0].to_dict()
+    new = {**shared, "masking": "additive", "rnn_input": "unpacked", "batching": "bucketed", "seed": 19,
+           "device": "NVIDIA H100 80GB HBM3"}
+    with ex.open_store(gpu, replace(MaskingConfig.full(), grid="core")) as store, \
+            Session(store, lambda wall: {"device": "NVIDIA H100 80GB HBM3"}, cli=False):
+        store.append(shared)
+        store.append(new)
+    assert merge(gpu, out) == {"added": 1, "skipped": 1, "sessions": 1}
+    merged = pd.read_csv(out)
+    assert len(merged) == len(committed) + 1 and not merged.duplicated(KEYS).any()
+    assert merged.iloc[-1].device == "NVIDIA H100 80GB HBM3" and merged.iloc[-1].seed == 19
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert sessions[-1]["device"] == "NVIDIA H100 80GB HBM3" and sessions[-1]["merged_from"] == str(gpu.resolve())

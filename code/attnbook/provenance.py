@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -20,7 +21,8 @@ import torch
 from . import __version__
 from .runtime import describe_device, get_device, get_mode
 
-__all__ = ["REPOSITORY_URL", "git_commit", "provenance", "read_stored", "write_provenance"]
+__all__ = ["REPOSITORY_URL", "atomic_write_text", "fsync_dir", "git_commit", "provenance", "read_stored",
+           "write_provenance"]
 
 #: The book's repository (the same URL as ``repository.url`` in ``_config.yml``; a test checks they agree).
 REPOSITORY_URL = "https://github.com/attnbook/attention-masked-unmasked"
@@ -66,12 +68,46 @@ def provenance(wall_time_s: float | None = None, device: torch.device | str | No
     return record
 
 
-def write_provenance(path: str | Path, record: dict[str, Any]) -> Path:
-    """Write ``record`` as pretty JSON to ``path`` (parents created); return the path."""
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` so that a reader, a crash or a kill sees either the old file or the new one,
+    never a part: the text goes whole into a temporary file in the same folder (parents created), which is flushed,
+    fsynced and then renamed over ``path`` (``os.replace``, atomic on POSIX and Windows); the folder is fsynced too
+    where the platform allows. The temporary file is removed if anything fails, Ctrl-C included. Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
     return path
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """fsync a folder, so that a file created or renamed in it survives a crash (a no-op where folders cannot be
+    opened, as on Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some file systems refuse
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_provenance(path: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``record`` as pretty JSON to ``path`` (parents created), atomically (:func:`atomic_write_text`: a kill
+    leaves the old record or the new one, never a part); return the path."""
+    return atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_stored(name: str, start: str | Path | None = None, online: bool | None = None,

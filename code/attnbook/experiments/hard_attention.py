@@ -12,7 +12,9 @@ or from the command line, for the full grid (every mode and seed) with provenanc
     python -m attnbook.experiments.hard_attention --mode full --out results/hard_attention_full.csv
 
 which writes ``hard_attention_full.csv`` (one row per mode and seed), ``hard_attention_full_curves.csv``,
-``hard_attention_full_gradvar.csv`` and ``hard_attention_full.json`` (provenance).
+``hard_attention_full_gradvar.csv`` and ``hard_attention_full.json`` (provenance, one session per invocation). It
+is a results store (:mod:`attnbook.store`): each run is stored as soon as it finishes, so a killed grid resumes
+where it stopped (the same command again).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from ..data.digits import DIGIT_SIZE, DigitCanvases, make_canvases, split_digit_images
 from ..hard_attention import MODES, DigitCaptioner, MovingAverageBaseline, captioning_loss
 from ..runtime import ModeConfig, get_device, progress
+from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 
 __all__ = [
     "HardAttentionConfig",
@@ -40,6 +43,7 @@ __all__ = [
     "gradient_variance",
     "run_grid",
     "main",
+    "LAYOUT",
 ]
 
 
@@ -265,49 +269,91 @@ def gradient_variance(cfg: HardAttentionConfig, state_dict: dict, data: dict[str
     return pd.DataFrame(rows)
 
 
-def run_grid(cfg: HardAttentionConfig, show_progress: bool = True) -> dict[str, pd.DataFrame]:
+#: The results store of the command line (:mod:`attnbook.store`): a run is one mode with one seed; its learning
+#: curve goes into ``<name>_curves.csv``, and the soft run of a seed also stores the gradient variance at the initial
+#: and at its trained checkpoint (both soft models, hence ``mode`` "soft") in ``<name>_gradvar.csv``. The device does
+#: not count as configuration, and ``seeds`` only chooses runs.
+LAYOUT = Layout(
+    "hard_attention", keys=("mode", "seed"),
+    columns=("mode", "seed", "token_acc", "seq_acc", "loc_acc", "wall_s", "ms_per_step"),
+    tables={"curves": ("step", "train_nll", "test_token_acc", "wall_s", "mode", "seed"),
+            "gradvar": ("checkpoint", "seed", "estimator", "batches", "total_variance", "signal", "snr",
+                        "ms_per_estimate", "mode")},
+    not_configuration=("device", "seeds"))
+
+
+def run_grid(cfg: HardAttentionConfig, show_progress: bool = True, *, store: ResultsStore | None = None,
+             on_run=None) -> dict[str, pd.DataFrame]:
     """Every mode x seed of ``cfg``: ``summary`` (one row each), ``curves`` and ``gradvar`` (at the initial and at the
-    trained soft checkpoint of each seed) DataFrames."""
-    data = make_data(cfg)
+    trained soft checkpoint of each seed, computed in that seed's soft run; ``mode`` is "soft") DataFrames.
+
+    With ``store`` (an open :class:`attnbook.store.ResultsStore` with :data:`LAYOUT`, as the command line passes),
+    runs already stored are skipped, each finished run is stored at once with its rows of curves and gradvar, then
+    ``on_run()`` is called; the tables returned are then the stored ones, earlier runs included. The data are made
+    only if a run is left to do."""
+    data = None
     summary, curves, gradvar = [], [], []
     for seed in cfg.seeds:
-        gradvar.append(gradient_variance(cfg, build_model(cfg, "soft", seed).state_dict(), data, "initial", seed,
-                                         show_progress))
         for mode in MODES:
-            result = train_captioner(cfg, mode, data, seed, show_progress)
-            summary.append({k: result[k] for k in ("mode", "seed", "token_acc", "seq_acc", "loc_acc", "wall_s",
-                                                   "ms_per_step")})
-            curves.append(result["curve"].assign(mode=mode, seed=seed))
+            if store is not None and store.has({"mode": mode, "seed": seed}):
+                continue
+            data = make_data(cfg) if data is None else data
+            run_gradvar = []
             if mode == "soft":
-                gradvar.append(gradient_variance(cfg, result["model"].state_dict(), data, "trained soft", seed,
-                                                 show_progress))
+                run_gradvar.append(gradient_variance(cfg, build_model(cfg, "soft", seed).state_dict(), data,
+                                                     "initial", seed, show_progress))
+            result = train_captioner(cfg, mode, data, seed, show_progress)
+            row = {k: result[k] for k in ("mode", "seed", "token_acc", "seq_acc", "loc_acc", "wall_s", "ms_per_step")}
+            curve = result["curve"].assign(mode=mode, seed=seed)
+            if mode == "soft":
+                run_gradvar.append(gradient_variance(cfg, result["model"].state_dict(), data, "trained soft", seed,
+                                                     show_progress))
+            run_gradvar = [g.assign(mode=mode) for g in run_gradvar]
+            if store is not None:
+                store.append(row, {"curves": curve, "gradvar": pd.concat(run_gradvar) if run_gradvar else []})
+                if on_run is not None:
+                    on_run()
+            summary.append(row)
+            curves.append(curve)
+            gradvar.extend(run_gradvar)
+    if store is not None:
+        return {"summary": store.frame(), "curves": store.frame("curves"), "gradvar": store.frame("gradvar")}
     return {"summary": pd.DataFrame(summary), "curves": pd.concat(curves, ignore_index=True),
             "gradvar": pd.concat(gradvar, ignore_index=True)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: run :func:`run_grid` and write the CSVs and the provenance JSON (see the module docstring)."""
-    from ..provenance import provenance, write_provenance
+    """CLI: run :func:`run_grid` into a results store (:mod:`attnbook.store`; resumable, each run stored as it
+    finishes) with provenance beside it (see the module docstring). Returns 0; an interrupted run (Ctrl-C, SIGTERM)
+    records its session as interrupted and exits with 130 or 143."""
+    from ..provenance import provenance
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.hard_attention",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("quick", "full"), default="full")
-    parser.add_argument("--out", type=Path, default=Path("results/hard_attention_full.csv"))
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: the config's)")
+    parser.add_argument("--out", type=csv_path, default=Path("results/hard_attention_full.csv"))
+    parser.add_argument("--device", type=device_arg, default=None, help="cpu or cuda (default: the config's)")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of seeds (0..N-1); default: the mode's")
+    parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = HardAttentionConfig.for_mode(args.mode)
     if args.device:
         cfg = replace(cfg, device=args.device)
-    start = time.perf_counter()
-    tables = run_grid(cfg)
-    wall = time.perf_counter() - start
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tables["summary"].to_csv(args.out, index=False)
+    if args.seeds is not None:
+        cfg = replace(cfg, seeds=tuple(range(args.seeds)))
     stem = args.out.with_suffix("")
-    tables["curves"].to_csv(f"{stem}_curves.csv", index=False)
-    tables["gradvar"].to_csv(f"{stem}_gradvar.csv", index=False)
-    record = provenance(wall, device=cfg.device, mode=args.mode, config=asdict(cfg),
-                        files=[args.out.name, f"{stem.name}_curves.csv", f"{stem.name}_gradvar.csv"])
-    write_provenance(args.out.with_suffix(".json"), record)
+    try:
+        store = ResultsStore(args.out, LAYOUT, asdict(cfg)).open()
+    except StoreError as err:
+        parser.error(str(err))
+
+    def describe(wall: float) -> dict:
+        return provenance(wall, device=cfg.device, mode=args.mode,
+                          files=[args.out.name, f"{stem.name}_curves.csv", f"{stem.name}_gradvar.csv"])
+
+    with store, Session(store, describe) as session:
+        tables = run_grid(cfg, show_progress=not args.no_progress, store=store, on_run=session.checkpoint)
     print(tables["summary"].to_string(index=False))
     return 0
 

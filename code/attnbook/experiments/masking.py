@@ -29,10 +29,14 @@ From the command line (resumable: finished runs in ``--out`` are skipped, each f
     python -m attnbook.experiments.masking --mode full --grid core --seeds 20 --out results/masking_core.csv
     python -m attnbook.experiments.masking --mode full --only attention/none/packed/random/fp32,attention/neg_inf/packed/random/fp32
 
-Provenance (device, versions, commit, date, wall time) goes into every row and into ``<out>.json``, one entry per
-session. The record is rewritten after every finished run (the session's ``status`` is ``"running"``), so a run
-killed without notice still leaves one; Ctrl-C or SIGTERM end it as ``"interrupted"``, a completed grid as
-``"finished"``.
+``--out`` is a results store (:mod:`attnbook.store`): one row per finished run, written whole and fsynced; a damaged
+last line is set aside and its run made again; the header and the configuration are checked on resume (``threads``,
+``workers``, ``device``, ``seeds``, ``grid`` and ``only`` may change, nothing else); a second process on the same
+``--out`` is refused. Provenance (device, versions, commit, date, wall time) goes into every row and into
+``<name>.json``, one entry per session, written atomically. The record is rewritten after every finished run (the
+session's ``status`` is ``"running"``), so a run killed without notice still leaves one; Ctrl-C or SIGTERM end it
+as ``"interrupted"`` (exit status 130 or 143), a completed grid as ``"finished"``. Runs made elsewhere (a GPU) join
+the stored ones with ``python -m attnbook.store merge OTHER.csv results/masking_full.csv``.
 """
 
 from __future__ import annotations
@@ -40,10 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
-import signal
-import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -57,11 +58,12 @@ from ..batching import BucketBatchSampler, RandomBatchSampler, pad_to_batch, pad
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..models import BiGRUClassifier, padding_mask
 from ..pooling import MASKINGS, pool_weights
-from ..provenance import git_commit, provenance
+from ..provenance import provenance
 from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, run_tasks, seed_everything
+from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 
-__all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid", "main",
-           "RESULT_COLUMNS"]
+__all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid", "open_store",
+           "store_config", "main", "RESULT_COLUMNS", "LAYOUT"]
 
 INPUTS = ("packed", "unpacked", "unpacked-pre")
 BATCHINGS = ("random", "bucketed")
@@ -368,35 +370,46 @@ def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: st
     return run_one(cfg, data, condition, seed, device)
 
 
-def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, out: str | Path | None = None,
-             device: torch.device | str | None = None, show_progress: bool = True,
-             only: list[str] | None = None, on_run=None) -> pd.DataFrame:
+def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1,
+             out: str | Path | ResultsStore | None = None, device: torch.device | str | None = None,
+             show_progress: bool = True, only: list[str] | None = None, on_run=None) -> pd.DataFrame:
     """Every (condition of ``cfg.grid``, seed of ``cfg.seeds``) run, seed by seed, as one DataFrame.
 
     Args:
         cfg: the configuration.
-        data: from :func:`prepare_data` (loaded if None).
+        data: from :func:`prepare_data` (loaded if None, and only if a run is left to do).
         workers: local processes (``joblib``, loky backend); 1 runs in this process. On a machine with several
             GPUs the runs are dealt out over them.
-        out: a CSV file; runs already in it (same condition and seed) are skipped, and every finished run is
-            appended at once, so that an interrupted grid resumes where it stopped.
+        out: a results store (:mod:`attnbook.store`): a ``.csv`` path, opened here under its lock with its
+            provenance record ``<name>.json`` (one session per call), or an open :class:`~attnbook.store.ResultsStore`
+            (the command line's). Runs already in it (same condition and seed) are skipped, and every finished run
+            is appended at once, whole and fsynced, so that an interrupted grid resumes where it stopped.
         device: default :func:`attnbook.runtime.get_device`.
         show_progress: a progress bar over runs.
         only: run only the conditions of the grid with these :func:`condition_id` keys.
-        on_run: called after each finished run (appended to ``out`` first) with a DataFrame of every run so far,
-            stored and new; the command line uses it to checkpoint the provenance record.
+        on_run: called after each finished run (stored first) with a DataFrame of every run so far, stored and
+            new; the command line uses it to checkpoint the provenance record.
 
     Returns:
         One row per run (:func:`run_one`), the stored ones included, sorted by condition and seed.
+
+    Raises:
+        attnbook.store.StoreError: ``out`` cannot be resumed (see :class:`~attnbook.store.ResultsStore`).
     """
     device = torch.device(device) if device is not None else get_device()
-    data = prepare_data(cfg) if data is None else data
-    out = Path(out) if out is not None else None
-    done = _open_store(out) if out is not None else pd.DataFrame()
-    header = list(done.columns) if len(done.columns) else _columns()  # the file's order of columns
-    finished = set(zip(done.apply(condition_id, axis=1), done.seed)) if len(done) else set()
+    if out is not None and not isinstance(out, ResultsStore):
+        def describe(wall: float) -> dict:
+            return provenance(wall_time_s=wall, device=device, workers=workers, only=only)
+
+        with open_store(out, cfg) as store, Session(store, describe, cli=False, workers=workers, only=only):
+            return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
+                            only=only, on_run=on_run)
+    store = out
+    done = store.frame() if store is not None else pd.DataFrame()
     grid = [c for c in conditions(cfg.grid) if only is None or condition_id(c) in only]
-    tasks = [(c, s) for s in cfg.seeds for c in grid if (condition_id(c), s) not in finished]
+    tasks = [(c, s) for s in cfg.seeds for c in grid if store is None or not store.has({**c, "seed": s})]
+    if tasks and data is None:
+        data = prepare_data(cfg)
     n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     devices = [f"cuda:{i % n_gpus}" if n_gpus > 1 else str(device) for i in range(len(tasks))]
     rows = []
@@ -407,11 +420,9 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1, 
     bar = progress(total=len(tasks), desc="runs", disable=not show_progress)
     results = run_tasks(_task, ((cfg, data, c, s, d) for (c, s), d in zip(tasks, devices)), workers, ordered=False)
     for row in results:
+        if store is not None:
+            store.append(row)
         rows.append(row)
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fresh = not out.exists() or out.stat().st_size == 0
-            pd.DataFrame([row]).reindex(columns=header).to_csv(out, mode="a", header=fresh, index=False)
         bar.update(1)
         if on_run is not None:
             on_run(so_far())
@@ -425,44 +436,43 @@ def _columns() -> list[str]:
     return [*_KEYS, *RESULT_COLUMNS, "device"]
 
 
-def _open_store(out: Path) -> pd.DataFrame:
-    """The runs stored in ``out`` (empty if there is no file yet), with its header checked.
+#: The results store of this experiment (:mod:`attnbook.store`): a run is a (condition, seed); ``threads`` does not
+#: change results, and ``seeds`` and ``grid`` only choose runs, so none of them counts as configuration.
+LAYOUT = Layout("masking", keys=_KEYS, columns=tuple(_columns()), added_columns=ADDED_COLUMNS,
+                not_configuration=("threads", "seeds", "grid"), legacy_config=LEGACY_CONFIG)
 
-    A file whose header lacks only :data:`ADDED_COLUMNS` is rewritten with them (NaN for the stored runs: they were
-    never measured), whole and then renamed, so that new rows can be appended under one header.
+
+def store_config(cfg: MaskingConfig) -> dict:
+    """The configuration recorded with the runs and checked on resume (``cfg`` without ``extra``)."""
+    return {k: v for k, v in asdict(cfg).items() if k != "extra"}
+
+
+def open_store(out: str | Path, cfg: MaskingConfig) -> ResultsStore:
+    """Open the results store ``out`` for ``cfg`` (:class:`attnbook.store.ResultsStore`: lock, damaged tail, header
+    and configuration checked; a file without :data:`ADDED_COLUMNS` is upgraded, NaN for its stored runs).
 
     Raises:
-        ValueError: the header has columns that a run does not write, or lacks others.
+        attnbook.store.StoreError: see :class:`~attnbook.store.ResultsStore`.
     """
-    if not out.exists() or out.stat().st_size == 0:
-        return pd.DataFrame()
-    done = pd.read_csv(out)
-    expected = _columns()
-    missing, unknown = [c for c in expected if c not in done.columns], [c for c in done.columns if c not in expected]
-    if unknown or set(missing) - set(ADDED_COLUMNS):
-        raise ValueError(f"{out} has a header that does not match the results of a run: missing {missing}, "
-                         f"unknown {unknown}; write to another --out")
-    if missing:
-        done = done.reindex(columns=expected)
-        partial = out.with_name(out.name + ".partial")
-        done.to_csv(partial, index=False)
-        os.replace(partial, out)
-    return done
+    return ResultsStore(out, LAYOUT, store_config(cfg)).open()
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    """The command line (see the module docstring); writes ``--out`` and its provenance ``<out>.json``."""
+    """The command line (see the module docstring); writes ``--out`` and its provenance ``<name>.json``.
+
+    An interrupted run (Ctrl-C, SIGTERM) records its session as interrupted and exits with 130 or 143."""
     parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.masking", description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
     parser.add_argument("--grid", choices=("chapter", "core", "full"), default=None, help="default: the mode's grid")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default: the mode's")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of seeds (0..N-1); default: the mode's")
     parser.add_argument("--source", choices=("imdb", "rotten_tomatoes"), default=None)
     parser.add_argument("--only", default=None,
                         help="comma-separated condition ids to run, e.g. attention/none/packed/random/fp32")
-    parser.add_argument("--workers", type=int, default=1, help="local processes (joblib)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per worker")
-    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--out", default="results/masking_full.csv")
+    parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
+    parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--out", type=csv_path, default=Path("results/masking_full.csv"))
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = MaskingConfig.for_mode(args.mode)
@@ -470,69 +480,36 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if args.seeds is not None:
         changes["seeds"] = tuple(range(args.seeds))
     cfg = replace(cfg, **changes)
-    device = torch.device(args.device) if args.device else get_device()
-    out = Path(args.out)
-    meta_path = out.with_suffix(".json")
-    previous = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    config = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in ("extra", "seeds", "grid")},
-                                   default=str))
-    # A record written before a setting existed was made with that setting's legacy value.
-    stored_config = {**LEGACY_CONFIG, **{k: v for k, v in previous.get("config", {}).items()
-                                         if k not in ("seeds", "grid")}} if previous.get("config") else {}
-    if stored_config and stored_config != config:
-        changed = sorted(k for k in config.keys() | stored_config.keys() if config.get(k) != stored_config.get(k))
-        parser.error(f"{out} holds runs made with another configuration (differs in {changed}); "
-                     "resume only with the same settings, or write to another --out")
-    start = time.perf_counter()
-    commit_at_start = git_commit(Path(__file__).resolve().parent)  # the code that runs, even if HEAD moves meanwhile
-    # SIGTERM (e.g. a job scheduler stopping the run) ends the grid like Ctrl-C: finished runs are already in --out,
-    # and the provenance below is still written, marked as interrupted.
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous_handler = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
     only = args.only.split(",") if args.only else None
     unknown = set(only or ()) - {condition_id(c) for c in conditions(cfg.grid)}
     if unknown:
         parser.error(f"--only names conditions that are not in the {cfg.grid!r} grid: {sorted(unknown)}")
-    sessions = previous.get("sessions", [])
+    device = torch.device(args.device) if args.device else get_device()
+    out = args.out
+    try:
+        store = open_store(out, cfg)
+    except StoreError as err:
+        parser.error(str(err))
+    latest = {"frame": store.frame()}
 
-    def write_record(frame: pd.DataFrame, status: str) -> None:
-        wall = time.perf_counter() - start
-        record = provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(),
-                            config={k: v for k, v in asdict(cfg).items() if k != "extra"}, workers=args.workers,
-                            only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
-                            n_seeds_complete=_complete_seeds(frame, cfg, only))
-        record["commit"] = commit_at_start
-        record["sessions"] = sessions + [{
-            "date_utc": record["date_utc"], "wall_time_s": round(wall, 2), "commit": commit_at_start,
-            "device": record["device"], "status": status, "interrupted": status != "finished",
-            "workers": args.workers, "only": only}]
-        record["total_wall_time_s"] = round(sum(s["wall_time_s"] for s in record["sessions"]), 2)
-        partial = meta_path.with_name(meta_path.name + ".partial")  # written whole, then renamed over the record
-        partial.write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
-        os.replace(partial, meta_path)
+    def describe(wall: float) -> dict:
+        frame = latest["frame"]
+        return provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(), workers=args.workers,
+                          only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
+                          n_seeds_complete=_complete_seeds(frame, cfg, only))
 
     def checkpoint(frame: pd.DataFrame) -> None:
         # After every finished run, so that a run killed without notice (SIGKILL, a machine that goes away) still
         # leaves a record of this session: status "running", with the wall time up to its last finished run.
-        write_record(frame, "running")
+        latest["frame"] = frame
+        session.checkpoint()
 
-    interrupted = False
-    try:
-        frame = run_grid(cfg, workers=args.workers, out=out, device=device, show_progress=not args.no_progress,
-                         only=only, on_run=checkpoint)
-    except KeyboardInterrupt:
-        interrupted = True
-        frame = pd.read_csv(out) if out.exists() and out.stat().st_size else pd.DataFrame()
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous_handler)
-    write_record(frame, "interrupted" if interrupted else "finished")
-    print(f"{len(frame)} runs in {out}; provenance in {meta_path}" + (" (interrupted)" if interrupted else ""))
+    with store, Session(store, describe, workers=args.workers, only=only) as session:
+        latest["frame"] = run_grid(cfg, workers=args.workers, out=store, device=device,
+                                   show_progress=not args.no_progress, only=only, on_run=checkpoint)
+    frame = latest["frame"]
+    print(f"{len(frame)} runs in {out}; provenance in {store.sidecar}")
     return frame
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def _complete_seeds(frame: pd.DataFrame, cfg: MaskingConfig, only: list[str] | None = None) -> int:

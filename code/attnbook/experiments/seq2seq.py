@@ -10,8 +10,10 @@ writes the full-mode results with their provenance::
     python -m attnbook.experiments.seq2seq --mode full --out results/seq2seq_full.csv
 
 which writes ``seq2seq_full.csv`` (one row per model), ``seq2seq_full_by_length.csv`` (BLEU and token accuracy per
-source-length bucket), ``seq2seq_full_history.csv`` (losses per epoch) and ``seq2seq_full.json`` (provenance and
-configuration) into the folder of ``--out``.
+source-length bucket and model), ``seq2seq_full_history.csv`` (losses per epoch and model) and ``seq2seq_full.json``
+(provenance and configuration, one session per invocation) into the folder of ``--out``. It is a results store
+(:mod:`attnbook.store`): each model is stored as soon as it is evaluated, with its rows of the other two tables, so a
+run that is killed resumes with the models it has not finished (the same command again).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import torch.nn.functional as F
 from ..data.translation import TranslationData, prepare_translation
 from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
+from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 from ..text import PAD_ID, detokenize, pad_batch
 
 __all__ = [
     "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
-    "token_accuracy", "length_bucket", "evaluate_model", "run_experiment", "main",
+    "token_accuracy", "length_bucket", "evaluate_model", "run_experiment", "main", "LAYOUT",
 ]
 
 
@@ -411,21 +414,45 @@ def run_experiment(cfg: Seq2SeqConfig, data: TranslationData | None = None, devi
                           dict(zip(cfg.models, decoded)), data, cfg)
 
 
-def main(argv: list[str] | None = None) -> Path:
-    """CLI: run :func:`run_experiment` and write the CSVs and the provenance JSON (see the module docstring)."""
-    from ..provenance import provenance, write_provenance
+#: The results store of the command line (:mod:`attnbook.store`): a run is one model; its per-length rows and its
+#: per-epoch history go into the side tables ``<name>_by_length.csv`` and ``<name>_history.csv``. ``num_threads``
+#: does not change results and ``models`` only chooses runs: neither counts as configuration.
+LAYOUT = Layout(
+    "seq2seq", keys=("model",),
+    columns=("model", "parameters", "train_s", "eval_s", "valid_loss", "bleu_greedy", "bleu_beam", "token_acc"),
+    tables={"by_length": ("length", "sentences", "bleu_greedy", "token_acc", "model"),
+            "history": ("epoch", "train_loss", "valid_loss", "seconds", "model")},
+    not_configuration=("num_threads", "models"))
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+
+def _store_task(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device, show_progress: bool):
+    """One model for the command line: its summary row, per-length rows and history (the model stays behind)."""
+    row, per_length, history, _, _ = _train_and_evaluate(kind, data, cfg, device, True, show_progress)
+    return row, per_length, history
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """CLI: train and evaluate every model of the configuration and store each as it finishes, with provenance (see
+    the module docstring). Resumable: models already in ``--out`` are skipped (same configuration required).
+
+    Returns the path of ``--out``. An interrupted run (Ctrl-C, SIGTERM) records its session as interrupted and exits
+    with 130 or 143."""
+    from ..provenance import provenance
+
+    parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.seq2seq",
+                                     description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["quick", "full"], default=None, help="default: ATTNBOOK_MODE / device")
-    parser.add_argument("--out", default="results/seq2seq_full.csv", help="the summary CSV; the others go beside it")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--out", type=csv_path, default=Path("results/seq2seq_full.csv"),
+                        help="the summary CSV; the others go beside it")
+    parser.add_argument("--device", type=device_arg, default=None, help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--models", nargs="+", choices=list(MODEL_KINDS), default=None)
-    parser.add_argument("--epochs", type=int, default=None, help="override the configuration's epochs")
-    parser.add_argument("--n-train", type=int, default=None, help="override the number of training pairs")
-    parser.add_argument("--n-valid", type=int, default=None, help="override the number of validation sentences")
-    parser.add_argument("--n-test", type=int, default=None, help="override the number of test sentences")
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--epochs", type=positive_int, default=None, help="override the configuration's epochs")
+    parser.add_argument("--n-train", type=positive_int, default=None, help="override the number of training pairs")
+    parser.add_argument("--n-valid", type=positive_int, default=None,
+                        help="override the number of validation sentences")
+    parser.add_argument("--n-test", type=positive_int, default=None, help="override the number of test sentences")
+    parser.add_argument("--workers", type=positive_int, default=1,
                         help="processes training models side by side (default 1; see run_experiment)")
     args = parser.parse_args(argv)
     mode = args.mode or get_mode()
@@ -435,21 +462,32 @@ def main(argv: list[str] | None = None) -> Path:
                                    ("models", tuple(args.models) if args.models else None)) if v is not None}
     cfg = replace(cfg, **overrides)
     device = torch.device(args.device) if args.device else get_device()
-    start = time.perf_counter()
-    results = run_experiment(cfg, device=device, workers=args.workers)
-    wall = time.perf_counter() - start
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    results.summary.to_csv(out, index=False)
-    results.by_length.to_csv(out.with_name(out.stem + "_by_length.csv"), index=False)
-    results.history.to_csv(out.with_name(out.stem + "_history.csv"), index=False)
-    record = provenance(wall, device=device, mode=mode, config=asdict(cfg), overrides=overrides, workers=args.workers,
-                        data_sizes=results.data.sizes(),
-                        note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
-                             "translations of a held-out English sentence as references")
-    write_provenance(out.with_suffix(".json"), record)
-    print(results.summary.to_string(index=False))
-    print(f"wrote {out} and its companions in {wall:.0f} s")
+    out, started = args.out, time.perf_counter()
+    try:
+        store = ResultsStore(out, LAYOUT, asdict(cfg)).open()
+    except StoreError as err:
+        parser.error(str(err))
+    sizes = {"data_sizes": store.previous.get("data_sizes")}
+
+    def describe(wall: float) -> dict:
+        return provenance(wall, device=device, mode=mode, overrides=overrides, workers=args.workers, **sizes,
+                          note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
+                               "translations of a held-out English sentence as references")
+
+    with store, Session(store, describe, workers=args.workers) as session:
+        todo = [kind for kind in cfg.models if not store.has({"model": kind})]
+        if todo:
+            data = cfg.data()
+            sizes["data_sizes"] = data.sizes()
+            per_model_bars = args.workers == 1
+            for row, per_length, history in run_tasks(_store_task, [(kind, data, cfg, device, per_model_bars)
+                                                                    for kind in todo], args.workers):
+                store.append(row, {"by_length": per_length, "history": history})
+                session.checkpoint()
+        summary = store.frame()
+    print(summary.to_string(index=False))
+    print(f"{len(summary)} models in {out} and its companions ({len(todo)} trained now, "
+          f"{time.perf_counter() - started:.0f} s)")
     return out
 
 

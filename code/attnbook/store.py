@@ -1,0 +1,735 @@
+"""The results store of the experiment command lines (``python -m attnbook.experiments.*``).
+
+Stored results are the book's evidence: a crash, a kill or a mistake must never lose a finished run, duplicate one,
+or mix two configurations. Every experiment CLI (masking, seq2seq, nli, hard_attention, attention_explanation)
+keeps its results in one store, built from these files beside each other:
+
+- ``<name>.csv``, the *main table*: one row per finished run, identified by the run's key columns
+  (:attr:`Layout.keys`, e.g. the condition and the seed);
+- ``<name>_<table>.csv``, *side tables* (e.g. per-epoch histories), whose rows carry the key of their run;
+- ``<name>.json``, the provenance record (the *sidecar*): the configuration, versions, device and commit, and
+  one entry per invocation in ``sessions``;
+- ``<name>.csv.lock``, the lock file.
+
+What it guarantees:
+
+1. **One row per finished run, written whole.** A run's row is formatted completely, then written with one
+   ``write`` to the file opened for appending, flushed and fsynced. Its side-table rows are written the same way
+   *before* its row, so a run counts as finished exactly when its row is in the main table; side-table rows of a
+   run without a row (killed in between) are dropped when the store is opened again. Resuming skips finished runs
+   and never writes a run twice.
+2. **Damaged tails are set aside.** On opening, a last line without its newline (a write cut by a crash), or one
+   with the wrong number of fields or that is not CSV, is moved into ``<file>.damaged-<UTC time>`` with one line on
+   stderr and cut from the file; its run then runs again. A damaged line *followed* by good ones is not a cut write:
+   the store refuses to open and names the line.
+3. **The header is checked** against the columns a run writes. A file that lacks only columns added since it was
+   written (:attr:`Layout.added_columns`) is upgraded in place (written whole, then renamed): its runs get empty
+   cells (NaN) there, since they never measured them. Any other mismatch is refused.
+4. **One writer at a time.** Opening takes ``filelock.FileLock`` on ``<name>.csv.lock`` without waiting; a second
+   process refuses to start (:class:`StoreLocked`).
+5. **Configuration guard.** The sidecar's ``config`` must equal this invocation's, except for the settings that
+   do not change results or only choose which runs to make (:attr:`Layout.not_configuration`: threads, workers,
+   device, seeds, ...). A store that holds runs without its sidecar (or whose sidecar has no ``config``) is refused,
+   since what made them cannot be checked.
+6. **Provenance is written atomically** (whole into a temporary file, then ``os.replace``): :class:`Session` records
+   one entry per invocation, rewritten after every run (status ``"running"``, so a killed run still leaves one)
+   and ending ``"finished"``, ``"interrupted"`` or ``"failed"``. An interrupted command line exits non-zero: 130
+   after Ctrl-C, 143 after SIGTERM.
+7. :func:`merge` brings the finished runs of one store (e.g. made on a GPU elsewhere) into another made with the
+   same configuration, under the destination's lock; also from the shell:
+   ``python -m attnbook.store merge SRC.csv DST.csv``.
+
+The README's "Contributing" section summarises these rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import io
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .provenance import atomic_write_text, fsync_dir, git_commit
+
+__all__ = ["StoreError", "StoreLocked", "Layout", "ResultsStore", "Session", "check_out", "sidecar_path",
+           "lock_path", "merge", "positive_int", "device_arg", "csv_path", "main"]
+
+
+class StoreError(ValueError):
+    """A store that cannot be opened or written as asked (the message says why and what to do)."""
+
+
+class StoreLocked(StoreError):
+    """Another process holds the store's lock."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _say(message: str) -> None:
+    print(f"attnbook.store: {message}", file=sys.stderr, flush=True)
+
+
+def check_out(out: str | Path) -> Path:
+    """``out`` as a Path, if it names a ``.csv`` file.
+
+    Raises:
+        StoreError: any other suffix (a ``.json`` name would be overwritten by its own provenance record).
+    """
+    path = Path(out)
+    if path.suffix != ".csv":
+        raise StoreError(f"--out must name a .csv file (its provenance record goes beside it as <name>.json), "
+                         f"got {str(out)!r}")
+    return path
+
+
+def sidecar_path(out: str | Path) -> Path:
+    """The provenance record of the store ``out``: ``<name>.json`` beside ``<name>.csv``."""
+    return Path(out).with_suffix(".json")
+
+
+def lock_path(out: str | Path) -> Path:
+    """The lock file of the store ``out``: ``<name>.csv.lock``."""
+    out = Path(out)
+    return out.with_name(out.name + ".lock")
+
+
+# ------------------------------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class Layout:
+    """What a store of one experiment holds.
+
+    Attributes:
+        experiment: a name (``"masking"``, ...), recorded in the sidecar.
+        keys: the columns that identify a run; every table has them.
+        columns: the main table's header (the keys included), in the order new files are written.
+        added_columns: columns added after runs were first stored; a file without them is upgraded (NaN).
+        tables: side tables, ``{name: header}``; each lives in ``<stem>_<name>.csv``.
+        not_configuration: entries of the configuration that the guard ignores: settings that do not change results
+            (threads, device, workers) and those that only choose runs (seeds, the grid).
+        legacy_config: settings added to the configuration after runs were first stored, with the value those runs
+            had: a record that lacks such an entry is read as having that value.
+
+    Raises:
+        ValueError: a key missing from the columns or from a side table, an added column not among the columns, or
+            a column named twice.
+    """
+
+    experiment: str
+    keys: tuple[str, ...]
+    columns: tuple[str, ...]
+    added_columns: tuple[str, ...] = ()
+    tables: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    not_configuration: tuple[str, ...] = ()
+    legacy_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name, header in {"": self.columns, **self.tables}.items():
+            where = f"table {name!r}" if name else "columns"
+            if len(set(header)) != len(header):
+                raise ValueError(f"Layout {where} name a column twice: {list(header)}")
+            missing = [k for k in self.keys if k not in header]
+            if missing:
+                raise ValueError(f"Layout {where} lack the key columns {missing}")
+        if set(self.added_columns) - set(self.columns):
+            raise ValueError(f"added_columns {sorted(set(self.added_columns) - set(self.columns))} are not columns")
+
+    def table_path(self, out: str | Path, table: str | None = None) -> Path:
+        """The file of the main table (``table=None``: ``out`` itself) or of a side table (``<stem>_<table>.csv``)."""
+        out = Path(out)
+        return out if table is None else out.with_name(f"{out.stem}_{table}.csv")
+
+    def to_json(self) -> dict:
+        return {"experiment": self.experiment, "keys": list(self.keys), "columns": list(self.columns),
+                "added_columns": list(self.added_columns), "tables": {k: list(v) for k, v in self.tables.items()},
+                "not_configuration": list(self.not_configuration), "legacy_config": dict(self.legacy_config)}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Layout":
+        return cls(data["experiment"], tuple(data["keys"]), tuple(data["columns"]), tuple(data["added_columns"]),
+                   {k: tuple(v) for k, v in data.get("tables", {}).items()}, tuple(data["not_configuration"]),
+                   dict(data.get("legacy_config", {})))
+
+
+def _json_plain(value: Any) -> Any:
+    """``value`` as JSON would give it back (tuples become lists, unknown objects strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def config_differences(stored: Mapping, config: Mapping, ignore: Iterable[str] = ()) -> list[str]:
+    """The entries (sorted) in which two configurations differ, leaving out ``ignore``; an entry present in only
+    one of them differs."""
+    ignore, missing = set(ignore), object()
+    a, b = _json_plain(dict(stored)), _json_plain(dict(config))
+    return sorted(k for k in (a.keys() | b.keys()) - ignore if a.get(k, missing) != b.get(k, missing))
+
+
+# ------------------------------------------------------------------------------------------------- one CSV file
+def _parse_line(raw: bytes) -> list[str] | None:
+    """The fields of one CSV line, or None if it is not UTF-8 or not CSV (an unclosed quote, say)."""
+    try:
+        rows = list(csv.reader([raw.decode("utf-8")], strict=True))
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    return rows[0] if len(rows) == 1 else None
+
+
+def _serialize(records: Iterable[list[str]]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(records)
+    return buffer.getvalue()
+
+
+def _append_bytes(path: Path, data: bytes) -> None:
+    """Append ``data`` with one ``write`` (repeated only if the system wrote less), then fsync."""
+    created = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(path.parent)
+
+
+class _TableFile:
+    """One CSV file of a store: its header, its good lines and their fields."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...], added: tuple[str, ...], keys: tuple[str, ...]):
+        self.path, self.columns, self.added, self.keys = path, columns, added, keys
+        self.header: list[str] | None = None     # None: no file yet, or an empty one
+        self.lines: list[bytes] = []             # the data lines, without their newline
+        self.records: list[list[str]] = []
+
+    def key(self, record: list[str]) -> tuple[str, ...]:
+        return tuple(record[self.header.index(k)] for k in self.keys)
+
+    def load(self, repair: bool) -> None:
+        """Read the file; set aside (``repair``) or leave out a damaged tail; check and upgrade the header."""
+        data = self.path.read_bytes() if self.path.exists() else b""
+        self.header, self.lines, self.records = None, [], []
+        if not data:
+            return
+        parts = data.split(b"\n")
+        complete, partial = parts[:-1], parts[-1]
+        starts = [0]
+        for line in complete:
+            starts.append(starts[-1] + len(line) + 1)
+        damaged_from = None
+        if not complete:                                     # the header itself was cut
+            damaged_from = 0
+        else:
+            header = _parse_line(complete[0])
+            if not header or header == [""]:
+                raise StoreError(f"{self.path}: its first line is not a CSV header; move the file away, or write to "
+                                 "another --out")
+            records = [_parse_line(line) for line in complete[1:]]
+            bad = [i for i, r in enumerate(records) if r is None or len(r) != len(header)]
+            if bad and bad[0] != len(records) - 1:
+                raise StoreError(f"{self.path}, line {bad[0] + 2}: damaged (not CSV, or {len(header)} fields "
+                                 "expected), with more lines after it: not a cut write; repair the file by hand, or "
+                                 "write to another --out")
+            if bad:
+                records.pop()
+                damaged_from = starts[len(complete) - 1]
+            elif partial:
+                damaged_from = starts[len(complete)]
+            self.header, self.records = header, records
+            self.lines = complete[1:1 + len(records)]
+        if damaged_from is not None:
+            tail = data[damaged_from:]
+            if repair:
+                stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+                aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
+                _append_bytes(aside, tail)
+                with open(self.path, "r+b") as f:
+                    f.truncate(damaged_from)
+                    f.flush()
+                    os.fsync(f.fileno())
+                _say(f"{self.path}: set aside a damaged last line ({len(tail)} bytes, from a write that was cut) in "
+                     f"{aside.name}; its run will run again")
+            else:
+                _say(f"{self.path}: left out a damaged last line ({len(tail)} bytes, from a write that was cut)")
+        self._check_header(repair)
+
+    def _check_header(self, repair: bool) -> None:
+        if self.header is None:
+            return
+        missing = [c for c in self.columns if c not in self.header]
+        unknown = [c for c in self.header if c not in self.columns]
+        if unknown or set(missing) - set(self.added) or len(set(self.header)) != len(self.header):
+            raise StoreError(f"{self.path} has a header that does not match the results of a run: missing {missing}, "
+                             f"unknown {unknown}; write to another --out")
+        if missing and repair:  # written before the added columns existed: upgrade, whole and then renamed
+            records = [self._reorder(r, self.header, list(self.columns)) for r in self.records]
+            atomic_write_text(self.path, _serialize([list(self.columns), *records]))
+            _say(f"{self.path}: added the columns {missing} (empty for its {len(records)} stored runs)")
+            self.load(repair)
+
+    @staticmethod
+    def _reorder(record: list[str], header: list[str], target: list[str]) -> list[str]:
+        by_name = dict(zip(header, record))
+        return [by_name.get(c, "") for c in target]
+
+    def format(self, rows: list[dict]) -> list[list[str]]:
+        """The fields of ``rows`` in this file's column order, as pandas writes them."""
+        header = self.header or list(self.columns)
+        unknown = sorted({c for row in rows for c in row} - set(header))
+        if unknown:
+            raise StoreError(f"{self.path}: a run gave the columns {unknown}, which its header lacks")
+        text = pd.DataFrame(rows).reindex(columns=header).to_csv(None, header=False, index=False, lineterminator="\n")
+        lines = text.split("\n")[:-1]
+        records = [_parse_line(line.encode()) for line in lines]
+        if len(lines) != len(rows) or any(r is None or len(r) != len(header) for r in records):
+            raise StoreError(f"{self.path}: a value holds a line break; a row must stay on one line")
+        return records
+
+    def append(self, records: list[list[str]], header: list[str] | None = None) -> None:
+        """Append ``records`` (fields in ``header`` order, default this file's) with one write, fsynced."""
+        if not records:
+            return
+        target = self.header or list(self.columns)
+        if header is not None:
+            records = [self._reorder(r, header, target) for r in records]
+        text = _serialize(records)
+        if self.header is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            text = _serialize([target]) + text
+        _append_bytes(self.path, text.encode("utf-8"))
+        self.header = target
+        self.records.extend(records)
+        self.lines.extend(line.encode() for line in _serialize(records).split("\n")[:-1])
+
+    def keep(self, keys: set, repair: bool) -> int:
+        """Drop the lines whose run is not in ``keys`` (rewritten whole if ``repair``); return how many."""
+        keep = [self.key(r) in keys for r in self.records]
+        dropped = keep.count(False)
+        if dropped:
+            self.records = [r for r, k in zip(self.records, keep) if k]
+            self.lines = [line for line, k in zip(self.lines, keep) if k]
+            if repair:
+                header = _serialize([self.header]).encode()
+                atomic_write_text(self.path, (header + b"".join(line + b"\n" for line in self.lines)).decode())
+        return dropped
+
+
+# ------------------------------------------------------------------------------------------------- the store
+class ResultsStore:
+    """The store ``out`` (see the module docstring), opened with :meth:`open` or ``with``.
+
+    Args:
+        out: the main table, a ``.csv`` path (its parents are created).
+        layout: the experiment's :class:`Layout`.
+        config: this invocation's configuration (JSON-able), checked against the sidecar's and written into it.
+        read_only: take the lock and read, but repair nothing (a damaged tail is left out, not set aside) and write
+            nothing (what :func:`merge` does with its source).
+
+    Raises (from :meth:`open`):
+        StoreError: ``out`` is not a ``.csv`` path, a header does not match, a damaged line is not the last one, the
+            runs have no sidecar, or the sidecar's configuration differs (the message names the entries).
+        StoreLocked: another process holds the lock.
+    """
+
+    def __init__(self, out: str | Path, layout: Layout, config: Mapping | None = None, *, read_only: bool = False):
+        from filelock import FileLock
+
+        self.out = check_out(out)
+        self.layout = layout
+        self.config = _json_plain(dict(config)) if config is not None else None
+        self.sidecar = sidecar_path(self.out)
+        self.read_only = read_only
+        self._lock = FileLock(str(lock_path(self.out)))
+        self.previous: dict = {}
+        self.done: set[tuple[str, ...]] = set()
+        self.main = _TableFile(self.out, layout.columns, layout.added_columns, layout.keys)
+        self.tables = {name: _TableFile(layout.table_path(self.out, name), header, (), layout.keys)
+                       for name, header in layout.tables.items()}
+        self.is_open = False
+
+    # -- opening and closing
+    def open(self) -> "ResultsStore":
+        from filelock import Timeout
+
+        if not self.read_only:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise StoreLocked(f"another process is writing to {self.out} (it holds {lock_path(self.out).name}); "
+                              "wait until it ends, or write to another --out") from None
+        try:
+            self._load()
+        except BaseException:
+            self._lock.release()
+            raise
+        self.is_open = True
+        return self
+
+    def close(self) -> None:
+        if self.is_open:
+            self._lock.release()
+            self.is_open = False
+
+    def __enter__(self) -> "ResultsStore":
+        return self if self.is_open else self.open()
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def _load(self) -> None:
+        repair = not self.read_only
+        for table in (self.main, *self.tables.values()):
+            table.load(repair)
+        self.previous = read_record(self.sidecar)
+        n = len(self.main.records)
+        if n and not self.sidecar.exists():
+            raise StoreError(f"{self.out} holds {n} finished runs but their provenance record {self.sidecar.name} is "
+                             "missing, so the configuration that made them cannot be checked; restore it (e.g. with "
+                             "git checkout), or write to another --out")
+        stored = self.previous.get("config")
+        if n and stored is None:
+            raise StoreError(f"{self.out} holds {n} finished runs but {self.sidecar.name} records no configuration, "
+                             "so it cannot be checked; write to another --out")
+        if stored is not None and self.config is not None:
+            stored = {**self.layout.legacy_config, **stored}
+            changed = config_differences(stored, self.config, self.layout.not_configuration)
+            if changed:
+                raise StoreError(f"{self.out} holds runs made with another configuration (differs in {changed}); "
+                                 "resume only with the same settings, or write to another --out")
+        keys = [self.main.key(r) for r in self.main.records]
+        self.done = set(keys)
+        if len(self.done) < len(keys):
+            _say(f"{self.out} holds {len(keys) - len(self.done)} duplicate runs (same {list(self.layout.keys)}); "
+                 "they are kept, and no further copy is written")
+        for name, table in self.tables.items():
+            dropped = table.keep(self.done, repair)
+            if dropped and repair:
+                _say(f"{table.path}: dropped {dropped} rows of runs that did not finish; they will run again")
+
+    # -- reading
+    @property
+    def n_runs(self) -> int:
+        """The finished runs stored (rows of the main table)."""
+        return len(self.main.records)
+
+    def key_of(self, values: Mapping) -> tuple[str, ...]:
+        """The stored form of a run's key, from its values (e.g. ``{"model": "bahdanau"}``)."""
+        fields = _TableFile(self.out, self.layout.keys, (), self.layout.keys).format([{k: values[k] for k in
+                                                                                       self.layout.keys}])
+        return tuple(fields[0])
+
+    def has(self, values: Mapping) -> bool:
+        """Whether the run with these key values is stored."""
+        return self.key_of(values) in self.done
+
+    def frame(self, table: str | None = None) -> pd.DataFrame:
+        """The main table (``table=None``) or a side table as a DataFrame (no rows, with the header, if empty)."""
+        t = self.main if table is None else self.tables[table]
+        if not t.records:
+            return pd.DataFrame(columns=list(t.header or t.columns))
+        return pd.read_csv(t.path)
+
+    # -- writing
+    def append(self, row: Mapping, tables: Mapping[str, pd.DataFrame | list[dict]] | None = None) -> tuple[str, ...]:
+        """Store one finished run: its side-table rows first, then its row (each table with one fsynced write).
+
+        Args:
+            row: the run's main-table row (a dict; missing columns are left empty).
+            tables: its rows of side tables, each with the run's key values.
+
+        Returns:
+            The run's key.
+
+        Raises:
+            StoreError: the run is stored already, a row has a column the header lacks, a side-table row carries
+                another key, or an unknown side table; the store is not open for writing.
+        """
+        if not self.is_open or self.read_only:
+            raise StoreError(f"{self.out} is not open for writing")
+        record = self.main.format([dict(row)])[0]
+        side = {}
+        for name, rows in (tables or {}).items():
+            if name not in self.tables:
+                raise StoreError(f"{self.out}: no side table {name!r} (the layout has {sorted(self.tables)})")
+            rows = rows.to_dict("records") if isinstance(rows, pd.DataFrame) else [dict(r) for r in rows]
+            side[name] = self.tables[name].format(rows) if rows else []
+        self._append(record, side)
+        return self.main.key(record)
+
+    def _append(self, record: list[str], side: Mapping[str, list[list[str]]],
+                headers: Mapping[str | None, list[str]] | None = None) -> None:
+        """Append one run given as fields (in ``headers`` order per table, default each file's own)."""
+        headers = headers or {}
+        main_header = headers.get(None, self.main.header or list(self.main.columns))
+        key = tuple(record[main_header.index(k)] for k in self.layout.keys)
+        if key in self.done:
+            raise StoreError(f"{self.out}: the run {dict(zip(self.layout.keys, key))} is stored already")
+        for name, records in side.items():
+            table = self.tables[name]
+            header = headers.get(name, table.header or list(table.columns))
+            for r in records:
+                if tuple(r[header.index(k)] for k in self.layout.keys) != key:
+                    raise StoreError(f"{table.path}: a row carries the key "
+                                     f"{[r[header.index(k)] for k in self.layout.keys]}, not its run's {list(key)}")
+            table.append(records, header if name in headers else None)
+        self.main.append([record], main_header if None in headers else None)
+        self.done.add(key)
+
+    def write_record(self, record: Mapping) -> None:
+        """Write the sidecar atomically (:func:`attnbook.provenance.atomic_write_text`)."""
+        atomic_write_text(self.sidecar, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_record(path: str | Path) -> dict:
+    """The provenance record at ``path`` (``{}`` if there is none).
+
+    Raises:
+        StoreError: the file is not JSON.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise StoreError(f"{path} is not valid JSON ({err}); restore it (e.g. with git checkout)") from None
+
+
+# ------------------------------------------------------------------------------------------------- sessions
+class Session:
+    """One invocation's entry in the sidecar's ``sessions``, written when it starts, after every run
+    (:meth:`checkpoint`) and when it ends, each time atomically.
+
+    Args:
+        store: an open :class:`ResultsStore`.
+        describe: called with the session's wall time (seconds) for the record's top-level entries, typically
+            :func:`attnbook.provenance.provenance` plus the experiment's own; ``config``, ``store``, ``commit``
+            (of the code when the session started), ``n_runs``, ``sessions`` and ``total_wall_time_s`` are set here.
+        cli: a command line's session: SIGTERM interrupts it like Ctrl-C, and an interruption ends the process with
+            ``SystemExit(130)`` (Ctrl-C) or ``SystemExit(143)`` (SIGTERM) once the record says ``"interrupted"``.
+            Otherwise (from Python) the ``KeyboardInterrupt`` goes on.
+        **extra: entries of this session's record (e.g. ``workers``).
+
+    A session that ends with another exception is recorded as ``"failed"`` with the error, and the exception goes on.
+    """
+
+    def __init__(self, store: ResultsStore, describe: Callable[[float], Mapping], *, cli: bool = True, **extra):
+        self.store, self.describe, self.cli, self.extra = store, describe, cli, extra
+        self.signum: int | None = None
+        self._handler = None
+
+    def __enter__(self) -> "Session":
+        self._start = time.perf_counter()
+        self.started_utc = _now()
+        self.commit = git_commit(Path(__file__).resolve().parent)   # the code that runs, even if HEAD moves
+        self.runs_at_start = self.store.n_runs
+        self._main_thread = threading.current_thread() is threading.main_thread()
+        if self.cli and self._main_thread:
+            self._handler = signal.signal(signal.SIGTERM, self._terminate)
+        try:
+            self.write("running")
+        except KeyboardInterrupt:     # interrupted at once: recorded as such (and SystemExit for a command line)
+            self.__exit__(KeyboardInterrupt, KeyboardInterrupt(), None)
+            raise
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def _terminate(self, signum, frame) -> None:
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def _restore(self) -> None:
+        if self.cli and self._main_thread:
+            signal.signal(signal.SIGTERM, self._handler)
+
+    def checkpoint(self) -> None:
+        """Rewrite the record after a finished run (status ``"running"``)."""
+        self.write("running")
+
+    def write(self, status: str, error: str | None = None) -> None:
+        wall = time.perf_counter() - self._start
+        record = {k: v for k, v in self.store.previous.items() if k == "merges"}
+        record.update(self.describe(wall))
+        record.update(commit=self.commit, store=self.store.layout.to_json(), n_runs=self.store.n_runs)
+        record["config"] = self.store.config if self.store.config is not None else self.store.previous.get("config")
+        session = {"started_utc": self.started_utc, "date_utc": record.get("date_utc", _now()),
+                   "wall_time_s": round(wall, 2), "commit": self.commit, "device": record.get("device"),
+                   "status": status, "interrupted": status != "finished",
+                   "runs_added": self.store.n_runs - self.runs_at_start, **self.extra}
+        if error:
+            session["error"] = error
+        record["sessions"] = list(self.store.previous.get("sessions", [])) + [session]
+        record["total_wall_time_s"] = round(sum(s.get("wall_time_s") or 0 for s in record["sessions"]), 2)
+        self.store.write_record(record)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.cli and self._main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)   # no second interruption while the record is written
+        try:
+            if exc_type is None:
+                self.write("finished")
+            elif issubclass(exc_type, KeyboardInterrupt):
+                self.write("interrupted")
+            else:
+                self.write("failed", error=f"{exc_type.__name__}: {exc}"[:500])
+        finally:
+            self._restore()
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt) and self.cli:
+            name = "SIGTERM" if self.signum == signal.SIGTERM else "Ctrl-C"
+            print(f"interrupted ({name}): {self.store.n_runs} finished runs are in {self.store.out}; the same "
+                  "command resumes", file=sys.stderr, flush=True)
+            raise SystemExit(128 + int(self.signum or signal.SIGINT)) from None
+        return False
+
+
+# ------------------------------------------------------------------------------------------------- merge
+def _session_id(session: Mapping) -> str:
+    return json.dumps({k: v for k, v in session.items() if k not in ("merged_from", "merged_utc")}, sort_keys=True,
+                      default=str)
+
+
+def merge(src: str | Path, dst: str | Path) -> dict:
+    """Merge the finished runs of the store ``src`` into the store ``dst`` (created if absent).
+
+    Both are opened under their locks; ``dst`` is repaired as on a resume (damaged tail, header upgrade), ``src`` is
+    only read. The two must hold the same experiment (the ``store`` entry of either sidecar gives the layout) and the
+    same configuration up to :attr:`Layout.not_configuration`. Runs already in ``dst`` are skipped; each other run
+    is appended as on a resume (side-table rows, then its row, each written whole and fsynced), in ``src``'s order.
+    ``src``'s sessions are appended to ``dst``'s sidecar, each marked ``merged_from`` (the path of ``src``) and
+    ``merged_utc``, unless an earlier merge brought them already, and the merge is listed under ``merges``. A merge
+    cut short can simply be repeated.
+
+    Returns:
+        ``{"added": runs appended, "skipped": runs already in dst, "sessions": sessions appended}``.
+
+    Raises:
+        StoreError: a path that is not ``.csv``, the same store twice, ``src`` without runs file or sidecar, no
+            layout in either sidecar, two different experiments, another configuration, or a store that is locked.
+    """
+    src, dst = check_out(src), check_out(dst)
+    if src.resolve() == dst.resolve():
+        raise StoreError(f"merge: {src} and {dst} are the same store")
+    if not src.exists():
+        raise StoreError(f"merge: {src} does not exist")
+    src_meta, dst_meta = read_record(sidecar_path(src)), read_record(sidecar_path(dst))
+    if not src_meta:
+        raise StoreError(f"merge: {src} has no provenance record {sidecar_path(src).name}, so its configuration "
+                         "cannot be checked")
+    layouts = [Layout.from_json(m["store"]) for m in (src_meta, dst_meta) if m.get("store")]
+    if not layouts:
+        raise StoreError(f"merge: neither {sidecar_path(src).name} nor {sidecar_path(dst).name} records the store's "
+                         "layout (its 'store' entry); open one of them once with its experiment's command line")
+    if len(layouts) == 2 and (layouts[0].keys, set(layouts[0].columns)) != (layouts[1].keys, set(layouts[1].columns)):
+        raise StoreError(f"merge: {src} and {dst} hold different experiments ({layouts[0].experiment} and "
+                         f"{layouts[1].experiment})")
+    layout = layouts[-1]   # the destination's, if it has one
+    if src_meta.get("config") is None:
+        raise StoreError(f"merge: {sidecar_path(src).name} records no configuration")
+    added = skipped = 0
+    with ResultsStore(src, layout, src_meta["config"], read_only=True) as source, \
+            ResultsStore(dst, layout, src_meta["config"]) as target:
+        rows_of = {name: {} for name in source.tables}
+        for name, table in source.tables.items():
+            for record in table.records:
+                rows_of[name].setdefault(table.key(record), []).append(record)
+        headers = {None: source.main.header, **{name: t.header for name, t in source.tables.items() if t.header}}
+        for record in source.main.records:
+            key = source.main.key(record)
+            if key in target.done:
+                skipped += 1
+                continue
+            target._append(record, {name: rows.get(key, []) for name, rows in rows_of.items()}, headers)
+            added += 1
+        record = dict(target.previous) if target.previous else {k: v for k, v in src_meta.items() if k != "sessions"}
+        known = {_session_id(s) for s in record.get("sessions", [])}
+        mark = {"merged_from": str(src.resolve()), "merged_utc": _now()}
+        new = [{**s, **mark} for s in src_meta.get("sessions", []) if _session_id(s) not in known]
+        record["sessions"] = list(record.get("sessions", [])) + new
+        record["total_wall_time_s"] = round(sum(s.get("wall_time_s") or 0 for s in record["sessions"]), 2)
+        record.setdefault("config", src_meta["config"])
+        record.update(store=layout.to_json(), n_runs=target.n_runs)
+        record["merges"] = list(record.get("merges", [])) + [{
+            "from": str(src.resolve()), "date_utc": mark["merged_utc"], "runs_added": added, "runs_skipped": skipped,
+            "sessions_added": len(new)}]
+        target.write_record(record)
+    return {"added": added, "skipped": skipped, "sessions": len(new)}
+
+
+# ------------------------------------------------------------------------------------------------- CLI arguments
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (``--seeds``, ``--workers``, ``--threads``, ``--epochs``, ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(text).strip() != str(value):
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def device_arg(text: str) -> str:
+    """An ``argparse`` type: a torch device that this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``)."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (cpu, cuda, cuda:0, mps, ...)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {torch.cuda.device_count()} CUDA devices")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text!r}: only cpu, cuda and mps are supported")
+    return str(device)
+
+
+def csv_path(text: str) -> Path:
+    """An ``argparse`` type for ``--out``: a ``.csv`` path (:func:`check_out`)."""
+    try:
+        return check_out(text)
+    except StoreError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("--out ", "")) from None
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m attnbook.store merge SRC.csv DST.csv`` (see :func:`merge`)."""
+    parser = argparse.ArgumentParser(prog="python -m attnbook.store", description="Maintain experiment result stores.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    merging = commands.add_parser("merge", help="merge the finished runs of SRC into DST (same configuration)")
+    merging.add_argument("src", type=csv_path, help="the store to read, e.g. a GPU run's results/masking_gpu.csv")
+    merging.add_argument("dst", type=csv_path, help="the store to extend, e.g. results/masking_full.csv")
+    args = parser.parse_args(argv)
+    try:
+        report = merge(args.src, args.dst)
+    except StoreError as err:
+        parser.error(str(err))
+    print(f"merged {report['added']} runs from {args.src} into {args.dst}; skipped {report['skipped']} already "
+          f"there; {report['sessions']} sessions added to {sidecar_path(args.dst).name}")
+    return report
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,123 @@
+"""The command line of chapter 4's translation experiment as a results store (attnbook.store): a run is one model,
+stored with its per-length rows and its history as soon as it is evaluated; killed, cut or refused runs.
+The CLI's basic output is tested in tests/test_translation.py."""
+
+import json
+import os
+import signal
+import time
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from test_store import check_resumed, cut_last_line, kill_after_rows
+
+from attnbook.experiments import seq2seq as ex
+from attnbook.seq2seq import MODEL_KINDS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = replace(ex.Seq2SeqConfig.quick(), n_train=300, n_valid=20, n_test=30, epochs=1, hidden_size=16, embed_size=8,
+               max_decode_len=8, beam_size=2)
+N_BUCKETS = len(TINY.length_edges) + 1
+
+
+_DATA = {}
+
+
+@pytest.fixture()
+def tiny(monkeypatch):
+    """Tiny models; the prepared data are made once per data configuration (3 s each on a busy 2-core machine)."""
+    monkeypatch.setattr(ex.Seq2SeqConfig, "quick", classmethod(lambda cls: TINY))
+    real = ex.Seq2SeqConfig.data
+
+    def cached(cfg):
+        key = (cfg.max_src_len, cfg.max_tgt_len, cfg.n_train, cfg.n_valid, cfg.n_test, cfg.min_freq,
+               cfg.max_src_vocab, cfg.max_tgt_vocab, cfg.covered_only, cfg.seed)
+        if key not in _DATA:
+            _DATA[key] = real(cfg)
+        return _DATA[key]
+
+    monkeypatch.setattr(ex.Seq2SeqConfig, "data", cached)
+
+
+def _argv(out, *more):
+    return ["--mode", "quick", "--out", str(out), "--device", "cpu", *more]
+
+
+def _check_side_tables(out, models):
+    """Every model's side rows are there exactly once."""
+    by_length = pd.read_csv(out.with_name(out.stem + "_by_length.csv"))
+    history = pd.read_csv(out.with_name(out.stem + "_history.csv"))
+    assert by_length.groupby("model").size().to_dict() == {m: N_BUCKETS for m in models}
+    assert not by_length.duplicated(["model", "length"]).any()
+    assert history.groupby("model").size().to_dict() == {m: TINY.epochs for m in models}
+
+
+def test_a_killed_run_resumes_without_losing_or_doubling_a_model(tmp_path, tiny):
+    out = tmp_path / "s.csv"
+    code, before = kill_after_rows("attnbook.experiments.seq2seq", TINY, _argv(out), out, rows=2)
+    assert code == -signal.SIGKILL
+    ex.main(_argv(out))
+    frame = check_resumed(out, before, ["model"], expected=len(MODEL_KINDS))
+    assert sorted(frame.model) == sorted(MODEL_KINDS)
+    _check_side_tables(out, MODEL_KINDS)
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert [s["status"] for s in sessions] == ["running", "finished"]
+
+
+def test_a_cut_last_row_is_set_aside_and_its_model_retrained(tmp_path, tiny, capsys):
+    out = tmp_path / "s.csv"
+    models = ["none", "bahdanau"]
+    ex.main(_argv(out, "--models", *models))
+    whole = pd.read_csv(out)
+    cut_last_line(out)
+    before = out.read_bytes()
+    ex.main(_argv(out, "--models", *models))
+    err = capsys.readouterr().err
+    assert "set aside a damaged last line" in err and "dropped" in err     # bahdanau's side rows go, then return
+    frame = check_resumed(out, before, ["model"], expected=2)
+    _check_side_tables(out, models)
+    columns = ["model", "parameters", "valid_loss", "token_acc", "bleu_greedy", "bleu_beam"]
+    pd.testing.assert_frame_equal(frame[columns], whole[columns])       # seeded: the same model, retrained
+
+
+def test_models_and_threads_choose_runs_without_changing_the_configuration(tmp_path, tiny, monkeypatch):
+    out = tmp_path / "s.csv"
+    ex.main(_argv(out, "--models", "none"))
+    monkeypatch.setattr(ex.Seq2SeqConfig, "quick", classmethod(lambda cls: replace(TINY, num_threads=None)))
+    ex.main(_argv(out, "--models", "none", "bahdanau"))
+    assert pd.read_csv(out).model.tolist() == ["none", "bahdanau"]
+    _check_side_tables(out, ["none", "bahdanau"])
+    with pytest.raises(SystemExit):
+        ex.main(_argv(out, "--models", "none", "--epochs", "2"))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--epochs", "0"], "argument --epochs: must be an integer >= 1, got '0'"),
+    (["--n-train", "-5"], "argument --n-train: must be an integer >= 1, got '-5'"),
+    (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
+    (["--device", "gpu"], "argument --device: 'gpu' is not a torch device"),
+    (["--out", "s.json"], "argument --out: must name a .csv file"),
+])
+def test_bad_arguments_fail_before_the_data_load(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ex.Seq2SeqConfig, "data", lambda self: pytest.fail("the data were loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(["--mode", "quick", "--out", "s.csv", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_sigterm_ends_the_command_line_with_143(tmp_path, tiny, monkeypatch):
+    def terminated(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(ex, "_store_task", terminated)
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(_argv(tmp_path / "s.csv"))
+    assert exit_info.value.code == 143
+    assert json.loads((tmp_path / "s.json").read_text())["sessions"][-1]["status"] == "interrupted"
