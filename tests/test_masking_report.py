@@ -101,3 +101,16 @@ def test_verdict_words_and_direction():
     assert verdict(20, -0.01, 0.01) == "no difference resolved" and verdict(3, 0.1, 0.2) == "not yet answered"
     assert verdict(20, float("nan"), 0.1) == "not yet answered"
     assert direction_agrees(0.01, 0.003) and not direction_agrees(-0.01, 0.003) and not direction_agrees(0.0, 0.1)
+
+
+def test_runs_pair_only_on_one_kind_of_device():
+    """A store with CPU and GPU runs of the same seeds: each arm pairs within one kind, the one with more pairs."""
+    cpu = central(12, 0.01, device="CPU (1 threads, x86_64)")
+    gpu = central(5, -0.02, seed=7, device="NVIDIA H100 80GB HBM3")
+    row = answer_table(pd.concat([cpu, gpu]), n_resamples=999).iloc[0]
+    assert row.n_pairs == 12 and row.device_kind == "cpu" and row.verdict == "higher"
+    gpu = central(14, -0.02, seed=7, device="NVIDIA H100 80GB HBM3")
+    row = answer_table(pd.concat([cpu, gpu]), n_resamples=999).iloc[0]
+    assert row.n_pairs == 14 and row.device_kind == "gpu" and row.verdict == "lower"
+    half = pd.concat([cpu[cpu.masking == "none"], gpu[gpu.masking == "neg_inf"]])   # no pair within a kind
+    assert answer_table(half, n_resamples=999).n_pairs.iloc[0] == 0

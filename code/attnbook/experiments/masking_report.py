@@ -9,6 +9,9 @@ them. Every verdict word is chosen here from the data, never typed in the chapte
   difference, with its sign) or includes it (no difference resolved at this number of seeds).
 
 Holm's correction runs over the answered arms of one table, so adding an arm that has too few seeds changes nothing.
+
+Runs pair only with runs of the same kind of device (the ``device`` column: CPU or GPU), because the same seed gives
+a different training run on another device: when a store holds both, each arm uses the kind with more paired seeds.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pandas as pd
 from ..stats import compare_paired, holm
 from .masking import condition_id
 
-__all__ = ["Arm", "ARMS", "MIN_PAIRS", "answer_table", "format_answer", "verdict", "direction_agrees"]
+__all__ = ["Arm", "ARMS", "MIN_PAIRS", "answer_table", "format_answer", "verdict", "direction_agrees", "device_kind"]
 
 #: Paired seeds an arm needs before the chapter draws a verdict from it (issue "Chapter 5 gives its answer at full
 #: scale": at least 10, and 20 is the goal).
@@ -64,11 +67,23 @@ _SIDES = {"pad_mass": "pad_mass", "flip_in": "flip_rate_in", "flip_stress": "fli
           "tokens_per_s": "tokens_per_s"}
 
 
+def device_kind(device: object) -> str:
+    """``"cpu"`` for a ``device`` entry of a stored run that names a CPU (``"CPU (1 threads, x86_64)"``), else
+    ``"gpu"``; ``"cpu"`` where none is recorded."""
+    return "gpu" if isinstance(device, str) and device and not device.upper().startswith("CPU") else "cpu"
+
+
 def _paired(frame: pd.DataFrame, arm: Arm) -> pd.DataFrame:
-    """The runs of ``arm``'s two conditions restricted to the seeds that ran in both."""
-    runs = frame[frame.condition.isin([arm.condition, arm.baseline])]
-    seeds = runs.groupby("seed").condition.nunique()
-    return runs[runs.seed.isin(seeds[seeds == 2].index)]
+    """The runs of ``arm``'s two conditions on one kind of device (the kind with more paired seeds; GPU on a tie),
+    restricted to the seeds that ran in both."""
+    best = frame.iloc[:0]
+    for kind in ("gpu", "cpu"):
+        runs = frame[frame.condition.isin([arm.condition, arm.baseline]) & (frame.device_kind == kind)]
+        seeds = runs.groupby("seed").condition.nunique()
+        runs = runs[runs.seed.isin(seeds[seeds == 2].index)]
+        if runs.seed.nunique() > best.seed.nunique():
+            best = runs
+    return best
 
 
 def verdict(n_pairs: int, ci_low: float, ci_high: float, min_pairs: int = MIN_PAIRS) -> str:
@@ -97,7 +112,7 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
         n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
 
     Returns:
-        Columns ``arm, question, condition, baseline, n_pairs, mean_baseline, mean_condition, mean_diff, ci_low,
+        Columns ``arm, question, condition, baseline, n_pairs, device_kind, mean_baseline, mean_condition, mean_diff, ci_low,
         ci_high, n_better, n_worse, p_value, p_holm, rank_biserial, verdict``, and for each side (``_condition``,
         ``_baseline``) the means over the paired seeds of ``pad_mass``, ``flip_in`` (re-pad inside the training
         distribution), ``flip_stress`` (re-pad to twice the training maximum) and ``tokens_per_s``. An arm with
@@ -105,14 +120,15 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
 
     Raises:
         ValueError: ``frame`` lacks the factor, ``seed`` or ``value`` columns, or a (condition, seed) run occurs
-            twice.
+            twice on one kind of device.
     """
     needed = {"pooling", "masking", "rnn_input", "batching", "precision", "seed", value}
     missing = sorted(needed - set(frame.columns))
     if missing:
         raise ValueError(f"frame lacks the columns {missing}")
-    frame = frame.assign(condition=frame.apply(condition_id, axis=1) if len(frame) else pd.Series(dtype=str))
-    duplicated = frame.duplicated(["condition", "seed"])
+    frame = frame.assign(condition=frame.apply(condition_id, axis=1) if len(frame) else pd.Series(dtype=str),
+                         device_kind=[device_kind(d) for d in frame["device"]] if "device" in frame else "cpu")
+    duplicated = frame.duplicated(["condition", "seed", "device_kind"])
     if duplicated.any():
         raise ValueError(f"runs occur twice: {frame.loc[duplicated, ['condition', 'seed']].values.tolist()[:5]}")
     rows = []
@@ -120,7 +136,7 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
         runs = _paired(frame, arm)
         n = runs.seed.nunique()
         row: dict = {"arm": arm.name, "question": arm.question, "condition": arm.condition, "baseline": arm.baseline,
-                     "n_pairs": n}
+                     "n_pairs": n, "device_kind": runs.device_kind.iloc[0] if n else ""}
         stats = dict.fromkeys(["mean_baseline", "mean_condition", "mean_diff", "ci_low", "ci_high", "p_value",
                                "rank_biserial"], np.nan)
         stats.update(n_better=0, n_worse=0)
