@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from attnbook.attention import MultiHeadAttention, causal_mask
@@ -144,6 +146,16 @@ def test_copied_weights_are_the_same_tensors_values():
         assert torch.equal(book_mha.out_proj.bias, torch_mha.out_proj.bias)
     assert torch.equal(ours.norm3.weight, theirs.norm3.weight)
     assert not theirs.training and theirs.self_attn.batch_first
+
+
+def test_torch_masks_have_the_opposite_polarity():
+    """Passing the book's mask to torch unnegated masks the real tokens instead of the pads."""
+    ours, theirs = _pair("encoder", False, "relu", "to_torch")
+    x = _randn(B, N, D)
+    right = theirs(x, src_key_padding_mask=~SRC_PAD)
+    wrong = theirs(x, src_key_padding_mask=SRC_PAD)
+    torch.testing.assert_close(ours(x, padding_mask=SRC_PAD), right, **TOL)
+    assert not torch.allclose(wrong[1:], right[1:])                  # rows 1, 2 have pads; row 0 none (NaN in torch)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -315,6 +327,17 @@ def test_rope_scores_depend_only_on_the_offset(shift):
     assert not torch.allclose(rotary_embedding(q, pos) @ rotary_embedding(k, pos + shift).T, scores)
 
 
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(0, 4000), n=st.integers(0, 4000), shift=st.integers(0, 4000), seed=st.integers(0, 100))
+def test_rope_score_is_a_function_of_the_offset(m, n, shift, seed):
+    """(R_m q) . (R_n k) = (R_(m+c) q) . (R_(n+c) k) = q . (R_(n-m) k) for n >= m (Su et al. 2021, eq. 16)."""
+    q, k = _randn(8, seed=seed), _randn(8, seed=seed + 1)
+    score = lambda a, b: float(rotary_embedding(q, torch.tensor(a)) @ rotary_embedding(k, torch.tensor(b)))
+    assert score(m + shift, n + shift) == pytest.approx(score(m, n), abs=1e-9)
+    lo, hi = min(m, n), max(m, n)
+    assert score(lo, hi) == pytest.approx(float(q @ rotary_embedding(k, torch.tensor(hi - lo))), abs=1e-9)
+
+
 def test_rotary_attention_is_invariant_to_shifting_all_positions():
     torch.manual_seed(0)
     att = _perturb(RotaryMultiHeadAttention(D, H).double())
@@ -387,8 +410,8 @@ def test_torch_sdpa_gives_zeros_for_a_query_without_keys():
 
 def test_what_torch_multihead_attention_does_on_a_fully_padded_row():
     """Pinned torch (2.13): NaN with need_weights=True (pytorch issue #160064) in training and eval mode, and in
-    the encoder layer's eval-mode fast path; the SDPA path (need_weights=False, training) gives the zero context,
-    i.e. the book's output."""
+    the fast path (eval mode without autograd: need_weights=False, and the encoder layer); the SDPA path
+    (need_weights=False, with autograd) gives the zero context, i.e. the book's output."""
     torch.manual_seed(0)
     ours = _perturb(MultiHeadAttention(D, H).double())
     theirs = nn.MultiheadAttention(D, H, batch_first=True, dtype=F64)
@@ -405,8 +428,13 @@ def test_what_torch_multihead_attention_does_on_a_fully_padded_row():
         out, weights = theirs.train(training)(x, x, x, key_padding_mask=~real, need_weights=True)
         assert out[1].isnan().all() and weights[1].isnan().all()
         torch.testing.assert_close(out[0], book[0], **TOL)
-    out, _ = theirs.train(True)(x, x, x, key_padding_mask=~real, need_weights=False)
-    torch.testing.assert_close(out, book, **TOL)
+    for training in (True, False):
+        out, _ = theirs.train(training)(x, x, x, key_padding_mask=~real, need_weights=False)
+        torch.testing.assert_close(out, book, **TOL)
+    with torch.no_grad():
+        out, _ = theirs.eval()(x, x, x, key_padding_mask=~real, need_weights=False)
+    assert out[1].isnan().all()
+    torch.testing.assert_close(out[0], book[0], **TOL)
     layer = copy_to_torch(TransformerEncoderLayer(D, H, FF, 0.0).double()).eval()
     with torch.no_grad():
         assert layer(x, src_key_padding_mask=~real)[1].isnan().all()
@@ -587,7 +615,8 @@ def test_an_empty_target_gives_empty_logits():
     (dict(d_model=10, nhead=3), ValueError, "d_model must be divisible by nhead"),
     (dict(d_model=8, nhead=2, batch_first=False), ValueError, "batch-first only"),
     (dict(d_model=8, nhead=2, activation="tanh"), ValueError, r"activation must be one of \['relu', 'gelu'\]"),
-    (dict(d_model=8, nhead=2, dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\)"),
+    (dict(d_model=8, nhead=2, dropout=1.0), ValueError, r"dropout must be a number in \[0, 1\), got 1.0"),
+    (dict(d_model=8, nhead=2, dropout="0.1x"), ValueError, r"dropout must be a number in \[0, 1\), got '0.1x'"),
     (dict(d_model=8, nhead=0), ValueError, "nhead must be >= 1"),
     (dict(d_model=8.0, nhead=2), TypeError, "d_model must be an int"),
     (dict(d_model=6, nhead=2, rotary=True), ValueError, "even head size"),

@@ -39,8 +39,10 @@ Fully padded rows: a query with no valid key (a row whose padding mask is all Fa
 row) gets zero attention weights and a zero attention context in every head, so the attention sub-layer outputs
 ``out_proj``'s bias; the residual connection, LayerNorm and feed-forward layer then apply as usual, and the layer's
 output is finite (never NaN), in training and in eval mode. torch's ``nn.MultiheadAttention`` gives NaN there with
-``need_weights=True`` (pytorch issue #160064), and so do its encoder layer's eval-mode fast path and its
-``need_weights=False`` eval-mode fast path; ``tests/test_transformer.py`` records what the pinned torch does.
+``need_weights=True`` (pytorch issue #160064), in training and in eval mode, and so does its fast path (eval mode
+without autograd, also with ``need_weights=False``, and in ``nn.TransformerEncoderLayer``); with
+``need_weights=False`` otherwise it gives the zero context, as the book does. ``tests/test_transformer.py`` records
+what the pinned torch does.
 """
 
 from __future__ import annotations
@@ -144,9 +146,13 @@ def _check_choice(value: object, name: str, choices: tuple[str, ...] | dict) -> 
 
 
 def _check_dropout(p: object) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) < 1.0:
+    try:
+        value = None if isinstance(p, bool) else float(p)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not 0.0 <= value < 1.0:
         raise ValueError(f"dropout must be a number in [0, 1), got {p!r}")
-    return float(p)
+    return value
 
 
 # ----------------------------------------------------------------------------------------------- positions
@@ -436,7 +442,13 @@ class _Layer(nn.Module):
     def _ff_block(self, x: Tensor) -> Tensor:
         """``FFN(x) = W_2 act(W_1 x + b_1) + b_2`` (Vaswani et al. 2017, eq. 2), with dropout after ``act`` and on
         the output."""
-        return self.dropout_last(self.linear2(self.dropout(ACTIVATIONS[self.activation](self.linear1(x)))))
+        last_dropout = self.dropout3 if isinstance(self, TransformerDecoderLayer) else self.dropout2
+        return last_dropout(self.linear2(self.dropout(ACTIVATIONS[self.activation](self.linear1(x)))))
+
+    def _sa_block(self, x: Tensor, mask: Tensor | None, positions: Tensor | None) -> Tensor:
+        if self.rotary:
+            return self.dropout1(self.self_attn(x, x, x, mask, query_positions=positions))
+        return self.dropout1(self.self_attn(x, x, x, mask))
 
     def _check_positions_arg(self, positions: object, x: Tensor, name: str = "positions") -> Tensor | None:
         if not self.rotary:
@@ -509,14 +521,6 @@ class TransformerEncoderLayer(_Layer):
                          norm_first, bias, rotary, n_norms=2)
         self.self_attn = self._attention(need_weights)
 
-    @property
-    def dropout_last(self) -> nn.Dropout:
-        return self.dropout2
-
-    def _sa_block(self, x: Tensor, mask: Tensor | None, positions: Tensor | None) -> Tensor:
-        if self.rotary:
-            return self.dropout1(self.self_attn(x, x, x, mask, query_positions=positions))
-        return self.dropout1(self.self_attn(x, x, x, mask))
 
     def forward(self, src: Tensor, *, padding_mask: Tensor | None = None, self_mask: Tensor | None = None,
                 positions: Tensor | None = None) -> Tensor:
@@ -583,14 +587,6 @@ class TransformerDecoderLayer(_Layer):
         self.multihead_attn = MultiHeadAttention(d_model, nhead, dropout=self.dropout.p, bias=bias,
                                                  need_weights=need_weights)
 
-    @property
-    def dropout_last(self) -> nn.Dropout:
-        return self.dropout3
-
-    def _sa_block(self, x: Tensor, mask: Tensor | None, positions: Tensor | None) -> Tensor:
-        if self.rotary:
-            return self.dropout1(self.self_attn(x, x, x, mask, query_positions=positions))
-        return self.dropout1(self.self_attn(x, x, x, mask))
 
     def _mha_block(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
         return self.dropout2(self.multihead_attn(x, memory, memory, mask))
@@ -730,7 +726,7 @@ class TransformerEmbedding(nn.Module):
     The embedding starts as ``N(0, 1 / d_model)``, so that the scaled embedding has unit variance per dimension,
     comparable to the sinusoids.
 
-    Call: ``(ids (batch, length) int64, positions=None)`` -> ``(batch, length, d_model)`` float32;
+    Call: ``(ids (batch, length) int64, positions=None)`` -> ``(batch, length, d_model)`` in the embedding's dtype;
     ``positions`` int ``(length,)`` or ``(batch, length)`` (``None`` = ``0 .. length - 1``).
 
     Raises:
