@@ -22,6 +22,8 @@ One module per concept (see the chapter → module table in the repository's REA
   experiment and its CLI in :mod:`attnbook.experiments.hard_attention`.
 - :mod:`attnbook.interpret` -- importance measures, Kendall's tau, the permutation test and uniform attention (chapter
   "Soft and hard attention", section "Is attention an explanation?"); reviews in :mod:`attnbook.data.reviews`.
+- :mod:`attnbook.transformer` -- positional encodings, Transformer layers, a translation model and an encoder
+  classifier (chapter "Self-attention and the Transformer").
 - :mod:`attnbook.runtime`  -- run mode (quick/full), device, seeding, glue and wall time.
 - :mod:`attnbook.plotting` -- the book's plot style and token-labelled attention heatmaps.
 - :mod:`attnbook.provenance` -- where and how a stored result was produced.
