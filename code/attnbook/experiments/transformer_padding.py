@@ -84,7 +84,7 @@ class TransformerPaddingConfig(ModeConfig):
     """
 
     source: str = "imdb"
-    n_train: int | None = 500
+    n_train: int | None = 400
     n_eval: int | None = 200
     max_len: int = 128
     vocab_size: int = 5_000
@@ -106,7 +106,7 @@ class TransformerPaddingConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "TransformerPaddingConfig":
-        """500 training reviews (200 validation, 200 test) cut to 128 tokens, a small encoder (d_model 32,
+        """400 training reviews (200 validation, 200 test) cut to 128 tokens, a small encoder (d_model 32,
         2 layers, 4 heads, feed-forward 64), batch 50, 2 epochs, 3 seeds."""
         return cls()
 
