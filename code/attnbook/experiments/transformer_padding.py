@@ -1,0 +1,415 @@
+"""The padding experiments of chapter 8: chapter 5's padding questions asked again of a Transformer classifier.
+
+Chapter 8, section "Padding in a Transformer classifier" (``chapters/08_transformer``). One *run* trains one
+:class:`attnbook.transformer.TransformerClassifier` on chapter 5's IMDB split (the data preparation of
+:mod:`attnbook.experiments.masking`) under one *condition* with one *seed* and measures it. A seed fixes the
+initialization and the data order (the batch sampler's seed), so runs with the same seed are paired across
+conditions.
+
+A condition is a dict of four factors:
+
+- ``mask``: ``"masked"`` (a key padding mask in every self-attention; bool, True = a real token takes part, as in
+  ``F.scaled_dot_product_attention``) or ``"none"`` (every position attends to the pads as to tokens);
+- ``padding``: ``"post"`` (right padding: tokens, then pads) or ``"pre"`` (left padding);
+- ``positions``: ``"index"`` (absolute positions = the array index, whatever the padding) or ``"first_token"``
+  (counted from the first real token, :func:`attnbook.transformer.positions_from_mask`: the fix that generation
+  libraries apply to left-padded batches);
+- ``readout``: ``"first"`` (the encoder's output at the first real token; there is no ``[CLS]`` token) or ``"mean"``
+  (masked mean pooling over the real tokens).
+
+The grid (:func:`conditions`) holds the five conditions that three comparisons need, each against the reference
+``masked/post/index/first``:
+
+- the key padding mask against none (right padding, index positions, first-token readout): ``none/post/index/first``;
+- right against left padding, both masked, index positions: ``masked/pre/index/first``; and left padding with the
+  positions counted from the first token: ``masked/pre/first_token/first``;
+- a first-token readout against masked mean pooling (masked, right padding): ``masked/post/index/mean``.
+
+From the command line (resumable: finished runs in ``--out`` are skipped, each finished run is appended at once)::
+
+    python -m attnbook.experiments.transformer_padding --mode full --out results/transformer_padding_full.csv
+    python -m attnbook.experiments.transformer_padding --mode quick --workers 2 --seeds 3 --out results/tp.csv
+    python -m attnbook.experiments.transformer_padding --only masked/post/index/first,none/post/index/first
+
+``--out`` is a results store (:mod:`attnbook.store`, the same as chapter 5's): one row per finished run, written
+whole and fsynced; a damaged last line is set aside and its run made again; the header and the configuration are
+checked on resume (``threads``, ``workers``, ``device``, ``seeds`` and ``only`` may change, nothing else); a second
+process on the same ``--out`` is refused. Provenance (device, versions, commit, date, wall time) goes into every
+row and into ``<name>.json``, one entry per session, written atomically and rewritten after every finished run;
+Ctrl-C or SIGTERM end a session as ``"interrupted"`` (exit status 130 or 143). Runs made elsewhere (a GPU) join the
+stored ones with ``python -m attnbook.store merge OTHER.csv results/transformer_padding_full.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ..batching import RandomBatchSampler
+from ..models import padding_mask
+from ..provenance import provenance
+from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, run_tasks, seed_everything
+from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
+from ..transformer import TransformerClassifier, pad_attention_mass
+from . import masking as _masking
+from .masking import _batch, _exact_length_batches
+
+__all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid",
+           "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS"]
+
+#: The factors of a condition, in the order of :func:`condition_id`.
+FACTORS = ("mask", "padding", "positions", "readout")
+#: The columns of one run's row, after the condition's factors and ``seed``.
+RESULT_COLUMNS = ("test_accuracy", "val_accuracy", "pad_mass", "flip_rate_in", "nan_count", "tokens_per_s",
+                  "train_time_s")
+_KEYS = (*FACTORS, "seed")
+
+
+@dataclass(frozen=True)
+class TransformerPaddingConfig(ModeConfig):
+    """Data, model and training of the Transformer padding experiments (quick: one busy CPU core; full: a GPU or a
+    few minutes a run on one core).
+
+    Sizes are in reviews and tokens; ``None`` means all of the split. The data fields (``source`` to
+    ``normalize_apostrophes``) are those of :class:`attnbook.experiments.masking.MaskingConfig` and mean the same:
+    :func:`prepare_data` is chapter 5's. ``lr`` is Adam's learning rate; ``dropout`` the encoder's.
+    """
+
+    source: str = "imdb"
+    n_train: int | None = 400
+    n_eval: int | None = 200
+    max_len: int = 128
+    vocab_size: int = 5_000
+    d_model: int = 32
+    nhead: int = 4
+    num_layers: int = 2
+    dim_feedforward: int = 64
+    dropout: float = 0.1
+    positional: str = "sinusoidal"
+    batch_size: int = 50
+    epochs: int = 2
+    lr: float = 3e-3
+    seeds: tuple[int, ...] = (0, 1, 2)
+    split_seed: int = 0
+    eval_batch_size: int = 100
+    threads: int = 1
+    normalize_apostrophes: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def quick(cls) -> "TransformerPaddingConfig":
+        """400 training reviews (200 validation, 200 test) cut to 128 tokens, a small encoder (d_model 32,
+        2 layers, 4 heads, feed-forward 64), batch 50, 2 epochs, 3 seeds."""
+        return cls()
+
+    @classmethod
+    def full(cls) -> "TransformerPaddingConfig":
+        """All reviews (chapter 5's 80/10/10 split) cut to 400 tokens, d_model 64, 2 layers, 4 heads, feed-forward
+        256, batch 64, 2 epochs at learning rate 1e-3, 20 seeds."""
+        return cls(n_train=None, n_eval=None, max_len=400, vocab_size=20_000, d_model=64, dim_feedforward=256,
+                   batch_size=64, epochs=2, lr=1e-3, seeds=tuple(range(20)), eval_batch_size=50)
+
+
+def conditions() -> list[dict]:
+    """The five conditions of the grid (see the module docstring), as dicts with the keys of :data:`FACTORS`; the
+    reference ``masked/post/index/first`` comes first."""
+    def c(mask="masked", padding="post", positions="index", readout="first"):
+        return dict(mask=mask, padding=padding, positions=positions, readout=readout)
+
+    return [c(), c(mask="none"), c(padding="pre"), c(padding="pre", positions="first_token"), c(readout="mean")]
+
+
+def condition_id(condition: dict) -> str:
+    """A readable key such as ``"masked/pre/first_token/first"`` (mask/padding/positions/readout)."""
+    return "/".join(str(condition[k]) for k in FACTORS)
+
+
+def prepare_data(cfg: TransformerPaddingConfig) -> dict:
+    """Chapter 5's reviews: :func:`attnbook.experiments.masking.prepare_data` (load, deduplicate, split with
+    ``cfg.split_seed``, vocabulary of the training split, encode). Returns ``{"vocab_size": int, "train": {...},
+    "validation": {...}, "test": {...}}``, each part with ``ids`` int32 ``(n, max_len)`` right-padded with 0,
+    ``lengths`` int64 ``(n,)`` and ``labels`` int64 ``(n,)``."""
+    return _masking.prepare_data(cfg)
+
+
+def _build(cfg: TransformerPaddingConfig, vocab_size: int, condition: dict) -> TransformerClassifier:
+    return TransformerClassifier(vocab_size, 2, cfg.d_model, cfg.nhead, cfg.num_layers, cfg.dim_feedforward,
+                                 cfg.dropout, positional=cfg.positional, max_len=cfg.max_len,
+                                 masked=condition["mask"] == "masked", padding_side=condition["padding"],
+                                 positions=condition["positions"], readout=condition["readout"])
+
+
+def _in_order(n: int, batch_size: int) -> list[np.ndarray]:
+    """The fixed evaluation order: consecutive batches of ``0 .. n - 1``."""
+    return [np.arange(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+
+
+@torch.no_grad()
+def _evaluate(model: TransformerClassifier, part: dict, cfg: TransformerPaddingConfig, device: torch.device, *,
+              length: int | None = None, attention: bool = False) -> dict:
+    """Predictions on ``part`` in a fixed order, each batch padded on the model's side to its longest review (or to
+    ``length``); with ``attention``, the mean attention mass on pads per review (over layers and heads), and the
+    number of reviews with non-finite logits."""
+    model.eval()
+    n = len(part["labels"])
+    preds, pad_mass, nan_count = np.zeros(n, dtype=np.int64), np.zeros(n), 0
+    for index in _in_order(n, cfg.eval_batch_size):
+        ids, lengths, _ = _batch(part, index, model.padding_side, length)
+        ids, lengths = ids.to(device), lengths.to(device)
+        logits, weights = model(ids, lengths, return_attention=attention)
+        logits = logits.float()
+        nan_count += int((~torch.isfinite(logits)).any(-1).sum())
+        preds[index] = logits.argmax(-1).cpu().numpy()
+        if attention:
+            real = padding_mask(lengths, ids.shape[1], model.padding_side)
+            pad_mass[index] = pad_attention_mass(weights.float(), real).mean((1, 2)).cpu().numpy()
+    return {"preds": preds, "accuracy": float((preds == part["labels"]).mean()), "pad_mass": float(pad_mass.mean()),
+            "nan_count": nan_count}
+
+
+@torch.no_grad()
+def _unpadded_predictions(model: TransformerClassifier, part: dict, cfg: TransformerPaddingConfig,
+                          device: torch.device) -> np.ndarray:
+    """The predictions on ``part`` with no pad at all: batches of reviews of one length
+    (:func:`attnbook.experiments.masking._exact_length_batches`)."""
+    model.eval()
+    preds = np.zeros(len(part["labels"]), dtype=np.int64)
+    for index in _exact_length_batches(part["lengths"], cfg.eval_batch_size):
+        ids, lengths, _ = _batch(part, index, model.padding_side)
+        logits, _ = model(ids.to(device), lengths.to(device))
+        preds[index] = logits.float().argmax(-1).cpu().numpy()
+    return preds
+
+
+def _check_condition(condition: dict) -> None:
+    allowed = dict(mask=("masked", "none"), padding=("post", "pre"), positions=("index", "first_token"),
+                   readout=("first", "mean"))
+    if not isinstance(condition, dict) or set(condition) != set(FACTORS):
+        raise ValueError(f"condition must be a dict with the keys {list(FACTORS)}, got {condition!r}")
+    for key, values in allowed.items():
+        if condition[key] not in values:
+            raise ValueError(f"condition[{key!r}] must be one of {list(values)}, got {condition[key]!r}")
+
+
+def run_one(cfg: TransformerPaddingConfig, data: dict, condition: dict, seed: int,
+            device: torch.device | str = "cpu") -> dict:
+    """Train one model under ``condition`` with ``seed`` and measure it; returns the row (the factors, ``seed``,
+    :data:`RESULT_COLUMNS`, ``device``).
+
+    Training: Adam (``cfg.lr``), cross-entropy, ``cfg.epochs`` epochs of random batches
+    (:class:`attnbook.batching.RandomBatchSampler` seeded with ``seed``), each padded on the condition's side to its
+    longest review. ``seed_everything(seed)`` comes before the model is built, so a seed gives every condition the
+    same initialization (the parameters do not depend on the condition) and the same data order.
+
+    Measured (as in chapter 5 where they apply): ``test_accuracy`` and ``val_accuracy`` (fixed order); ``pad_mass``,
+    the attention weight that real queries put on pad keys (:func:`attnbook.transformer.pad_attention_mass`), mean
+    over layers, heads and test reviews: 0 under a key padding mask; ``flip_rate_in``, the share of test reviews
+    whose prediction changes between no padding at all (batches of reviews of one length) and padding to
+    ``cfg.max_len`` tokens on the condition's side (the widest batch of training: the flip test inside the training
+    distribution); ``nan_count``, non-finite training losses (their steps are skipped) plus test reviews with
+    non-finite logits; ``tokens_per_s``, real (non-pad) training tokens per second of training; ``train_time_s``.
+
+    Raises:
+        ValueError: a condition without the keys of :data:`FACTORS` or with an unknown value.
+    """
+    _check_condition(condition)
+    device = torch.device(device)
+    torch.set_num_threads(cfg.threads)
+    seed_everything(seed)
+    model = _build(cfg, data["vocab_size"], condition).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    train = data["train"]
+    sampler = RandomBatchSampler(train["lengths"], cfg.batch_size, shuffle=True, seed=seed)
+    side = condition["padding"]
+    nan_steps, tokens = 0, 0
+    start = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        sampler.set_epoch(epoch)
+        model.train()
+        for index in sampler:
+            ids, lengths, labels = (t.to(device) for t in _batch(train, index, side))
+            logits, _ = model(ids, lengths)
+            loss = F.cross_entropy(logits.float(), labels)
+            optimizer.zero_grad(set_to_none=True)
+            if not torch.isfinite(loss):
+                nan_steps += 1
+                continue
+            loss.backward()
+            optimizer.step()
+            tokens += int(lengths.sum())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    train_time = time.perf_counter() - start
+    val = _evaluate(model, data["validation"], cfg, device)
+    test = _evaluate(model, data["test"], cfg, device, attention=True)
+    at_max = _evaluate(model, data["test"], cfg, device, length=cfg.max_len)
+    unpadded = _unpadded_predictions(model, data["test"], cfg, device)
+    return {**condition, "seed": seed, "test_accuracy": test["accuracy"], "val_accuracy": val["accuracy"],
+            "pad_mass": test["pad_mass"], "flip_rate_in": float((unpadded != at_max["preds"]).mean()),
+            "nan_count": nan_steps + test["nan_count"],
+            "tokens_per_s": tokens / train_time if train_time > 0 else float("nan"), "train_time_s": train_time,
+            "device": describe_device(device)}
+
+
+def _task(cfg: TransformerPaddingConfig, data: dict, condition: dict, seed: int, device: str) -> dict:
+    """One run in a joblib worker, on writable copies of the (memory-mapped, read-only) arrays."""
+    data = {name: {k: np.array(v) for k, v in part.items()} if isinstance(part, dict) else part
+            for name, part in data.items()}
+    return run_one(cfg, data, condition, seed, device)
+
+
+def run_grid(cfg: TransformerPaddingConfig, data: dict | None = None, *, workers: int = 1,
+             out: str | Path | ResultsStore | None = None, device: torch.device | str | None = None,
+             show_progress: bool = True, only: list[str] | None = None, on_run=None) -> pd.DataFrame:
+    """Every (condition, seed of ``cfg.seeds``) run, seed by seed, as one DataFrame.
+
+    Args:
+        cfg: the configuration.
+        data: from :func:`prepare_data` (loaded if None, and only if a run is left to do).
+        workers: local processes (``joblib``, loky backend); 1 runs in this process. On a machine with several
+            GPUs the runs are dealt out over them.
+        out: a results store (:mod:`attnbook.store`): a ``.csv`` path, opened here under its lock with its
+            provenance record ``<name>.json`` (one session per call), or an open
+            :class:`~attnbook.store.ResultsStore`. Runs already in it (same condition and seed) are skipped; every
+            finished run is appended at once, whole and fsynced.
+        device: default :func:`attnbook.runtime.get_device`.
+        show_progress: a progress bar over runs.
+        only: run only the conditions with these :func:`condition_id` keys.
+        on_run: called after each finished run (stored first) with a DataFrame of every run so far.
+
+    Returns:
+        One row per run (:func:`run_one`), the stored ones included, sorted by condition and seed.
+
+    Raises:
+        attnbook.store.StoreError: ``out`` cannot be resumed (see :class:`~attnbook.store.ResultsStore`).
+    """
+    device = torch.device(device) if device is not None else get_device()
+    if out is not None and not isinstance(out, ResultsStore):
+        def describe(wall: float) -> dict:
+            return provenance(wall_time_s=wall, device=device, workers=workers, only=only)
+
+        with open_store(out, cfg) as store, Session(store, describe, cli=False, workers=workers, only=only):
+            return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
+                            only=only, on_run=on_run)
+    store = out
+    done = store.frame() if store is not None else pd.DataFrame()
+    grid = [c for c in conditions() if only is None or condition_id(c) in only]
+    tasks = [(c, s) for s in cfg.seeds for c in grid if store is None or not store.has({**c, "seed": s})]
+    if tasks and data is None:
+        data = prepare_data(cfg)
+    n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    devices = [f"cuda:{i % n_gpus}" if n_gpus > 1 else str(device) for i in range(len(tasks))]
+    rows = []
+
+    def so_far() -> pd.DataFrame:
+        return pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
+
+    bar = progress(total=len(tasks), desc="runs", disable=not show_progress)
+    results = run_tasks(_task, ((cfg, data, c, s, d) for (c, s), d in zip(tasks, devices)), workers, ordered=False)
+    for row in results:
+        if store is not None:
+            store.append(row)
+        rows.append(row)
+        bar.update(1)
+        if on_run is not None:
+            on_run(so_far())
+    bar.close()
+    frame = so_far()
+    return frame.sort_values(list(_KEYS), kind="stable").reset_index(drop=True) if len(frame) else frame
+
+
+#: The results store of this experiment (:mod:`attnbook.store`): a run is a (condition, seed); ``threads`` does not
+#: change results and ``seeds`` only chooses runs, so neither counts as configuration.
+LAYOUT = Layout("transformer_padding", keys=_KEYS, columns=(*_KEYS, *RESULT_COLUMNS, "device"),
+                not_configuration=("threads", "seeds"))
+
+
+def store_config(cfg: TransformerPaddingConfig) -> dict:
+    """The configuration recorded with the runs and checked on resume (``cfg`` without ``extra``)."""
+    return {k: v for k, v in asdict(cfg).items() if k != "extra"}
+
+
+def open_store(out: str | Path, cfg: TransformerPaddingConfig) -> ResultsStore:
+    """Open the results store ``out`` for ``cfg`` (:class:`attnbook.store.ResultsStore`: lock, damaged tail, header
+    and configuration checked).
+
+    Raises:
+        attnbook.store.StoreError: see :class:`~attnbook.store.ResultsStore`.
+    """
+    return ResultsStore(out, LAYOUT, store_config(cfg)).open()
+
+
+def _complete_seeds(frame: pd.DataFrame, only: list[str] | None = None) -> int:
+    """How many seeds have a run in every condition (or in every one of ``only``): complete paired sets."""
+    if not len(frame):
+        return 0
+    wanted = set(only) if only else {condition_id(c) for c in conditions()}
+    per_seed = frame.assign(cid=frame.apply(condition_id, axis=1)).groupby("seed")["cid"].apply(set)
+    return int(sum(wanted <= ids for ids in per_seed))
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    """The command line (see the module docstring); writes ``--out`` and its provenance ``<name>.json``.
+
+    The arguments and the store are checked before any data are loaded. An interrupted run (Ctrl-C, SIGTERM)
+    records its session as interrupted and exits with 130 or 143."""
+    parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.transformer_padding",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of seeds (0..N-1); default: the mode's")
+    parser.add_argument("--source", choices=("imdb", "rotten_tomatoes"), default=None)
+    parser.add_argument("--only", default=None,
+                        help="comma-separated condition ids to run, e.g. masked/post/index/first,none/post/index/first")
+    parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
+    parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--out", type=csv_path, default=Path("results/transformer_padding_full.csv"))
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    cfg = TransformerPaddingConfig.for_mode(args.mode)
+    changes = {k: v for k, v in dict(source=args.source, threads=args.threads).items() if v is not None}
+    if args.seeds is not None:
+        changes["seeds"] = tuple(range(args.seeds))
+    cfg = replace(cfg, **changes)
+    only = args.only.split(",") if args.only else None
+    unknown = set(only or ()) - {condition_id(c) for c in conditions()}
+    if unknown:
+        parser.error(f"--only names conditions that are not in the grid: {sorted(unknown)}; the grid is "
+                     f"{[condition_id(c) for c in conditions()]}")
+    device = torch.device(args.device) if args.device else get_device()
+    out = args.out
+    try:
+        store = open_store(out, cfg)
+    except StoreError as err:
+        parser.error(str(err))
+    latest = {"frame": store.frame()}
+
+    def describe(wall: float) -> dict:
+        frame = latest["frame"]
+        return provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(), workers=args.workers,
+                          only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
+                          n_seeds_complete=_complete_seeds(frame, only))
+
+    def checkpoint(frame: pd.DataFrame) -> None:
+        latest["frame"] = frame
+        session.checkpoint()
+
+    with store, Session(store, describe, workers=args.workers, only=only) as session:
+        latest["frame"] = run_grid(cfg, workers=args.workers, out=store, device=device,
+                                   show_progress=not args.no_progress, only=only, on_run=checkpoint)
+    frame = latest["frame"]
+    print(f"{len(frame)} runs in {out}; provenance in {store.sidecar}")
+    return frame
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

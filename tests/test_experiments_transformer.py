@@ -1,0 +1,285 @@
+"""Tests of chapter 8's Transformer padding experiments (:mod:`attnbook.experiments.transformer_padding`) on a tiny
+configuration: the grid, one run's metrics against what the model makes them (no attention on pads under a key
+padding mask, no flips where the padding cannot reach a real token, real-token counts), paired seeds, the resumable
+store of ``run_grid`` and the command line (a SIGKILLed run resumes, SIGTERM exits 143).
+
+The real reviews are used, but only 60 + 40 + 40 Rotten Tomatoes sentences: they vary in length, so batches carry
+padding."""
+
+import json
+import os
+import signal
+import time
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from test_store import check_resumed, cut_last_line, kill_after_rows
+
+from attnbook.experiments import masking
+from attnbook.experiments import transformer_padding as ex
+from attnbook.experiments.transformer_padding import (FACTORS, RESULT_COLUMNS, TransformerPaddingConfig, condition_id,
+                                                      conditions, prepare_data, run_grid, run_one)
+from attnbook.runtime import seed_everything
+
+TINY = replace(TransformerPaddingConfig.quick(), source="rotten_tomatoes", n_train=60, n_eval=40, max_len=40,
+               vocab_size=500, d_model=8, nhead=2, num_layers=1, dim_feedforward=16, epochs=1, batch_size=20,
+               seeds=(0, 1), eval_batch_size=40)
+KEYS = [*FACTORS, "seed"]
+TIMING = ["train_time_s", "tokens_per_s"]
+REFERENCE = "masked/post/index/first"
+TWO = f"{REFERENCE},none/post/index/first"
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def cond(mask="masked", padding="post", positions="index", readout="first"):
+    return dict(mask=mask, padding=padding, positions=positions, readout=readout)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return prepare_data(TINY)
+
+
+@pytest.fixture(scope="module")
+def rows(data):
+    """One run per condition of the grid, seed 0 (shared by several tests)."""
+    torch.set_num_threads(1)
+    return {condition_id(c): run_one(TINY, data, c, seed=0, device="cpu") for c in conditions()}
+
+
+# ---------------------------------------------------------------- the grid
+def test_grid_ids_are_unique_and_hold_the_three_comparisons():
+    ids = [condition_id(c) for c in conditions()]
+    assert len(ids) == len(set(ids)) == 5 and ids[0] == REFERENCE
+    assert set(ids) == {REFERENCE, "none/post/index/first", "masked/pre/index/first", "masked/pre/first_token/first",
+                        "masked/post/index/mean"}
+    for c in conditions():
+        assert tuple(c) == FACTORS
+
+
+@pytest.mark.parametrize("condition, message", [
+    (dict(mask="masked"), r"condition must be a dict with the keys \['mask', 'padding', 'positions', 'readout'\]"),
+    (cond(mask="yes"), r"condition\['mask'\] must be one of \['masked', 'none'\], got 'yes'"),
+    (cond(padding="left"), r"condition\['padding'\] must be one of \['post', 'pre'\], got 'left'"),
+    (cond(positions="rope"), r"condition\['positions'\] must be one of \['index', 'first_token'\], got 'rope'"),
+    (cond(readout="cls"), r"condition\['readout'\] must be one of \['first', 'mean'\], got 'cls'"),
+])
+def test_run_one_refuses_a_bad_condition(condition, message):
+    with pytest.raises(ValueError, match=message):
+        run_one(TINY, {}, condition, seed=0)
+
+
+def test_presets():
+    quick, full = TransformerPaddingConfig.quick(), TransformerPaddingConfig.full()
+    assert (quick.max_len, quick.d_model, quick.num_layers, quick.nhead, len(quick.seeds)) == (128, 32, 2, 4, 3)
+    assert (full.n_train, full.max_len, full.d_model, full.dim_feedforward, full.batch_size) == (None, 400, 64, 256, 64)
+    assert len(full.seeds) == 20 and TransformerPaddingConfig.for_mode("full") == full
+
+
+def test_data_are_chapter_5s(data):
+    """The same reviews, split and encoding as chapter 5's experiments with the same settings."""
+    same = masking.prepare_data(masking.MaskingConfig(source="rotten_tomatoes", n_train=60, n_eval=40, max_len=40,
+                                                      vocab_size=500, normalize_apostrophes=True))
+    assert data["vocab_size"] == same["vocab_size"]
+    for name in ("train", "validation", "test"):
+        for key in ("ids", "lengths", "labels"):
+            np.testing.assert_array_equal(data[name][key], same[name][key])
+    assert len(set(data["test"]["lengths"].tolist())) > 5                          # batches carry padding
+
+
+# ---------------------------------------------------------------- one run
+def test_a_row_has_every_column_in_range(rows, data):
+    tokens = TINY.epochs * int(data["train"]["lengths"].sum())
+    for cid, row in rows.items():
+        assert list(row) == [*FACTORS, "seed", *RESULT_COLUMNS, "device"], cid
+        assert condition_id(row) == cid and row["seed"] == 0 and row["device"].startswith("CPU")
+        for key in ("test_accuracy", "val_accuracy", "pad_mass", "flip_rate_in"):
+            assert 0 <= row[key] <= 1, (cid, key, row[key])
+        assert row["nan_count"] == 0 and row["train_time_s"] > 0
+        assert row["tokens_per_s"] * row["train_time_s"] == pytest.approx(tokens)     # real tokens, not pads
+
+
+def test_a_key_padding_mask_gives_pads_no_attention(rows):
+    for cid, row in rows.items():
+        if cid.startswith("masked/"):
+            assert row["pad_mass"] == 0, cid
+    assert rows["none/post/index/first"]["pad_mass"] > 0.01
+
+
+def test_padding_that_cannot_reach_a_real_token_never_flips_a_prediction(rows):
+    """Masked right padding leaves every real token's inputs and positions alone; so does masked left padding with
+    positions counted from the first token."""
+    for cid in (REFERENCE, "masked/post/index/mean", "masked/pre/first_token/first"):
+        assert rows[cid]["flip_rate_in"] == 0, cid
+
+
+def _model(data, condition, seed=0):
+    seed_everything(seed)
+    return ex._build(TINY, data["vocab_size"], condition).eval()
+
+
+def test_a_seed_fixes_the_initialization_across_conditions(data):
+    reference = _model(data, cond()).state_dict()
+    for c in conditions()[1:]:
+        other = _model(data, c).state_dict()
+        assert other.keys() == reference.keys()
+        assert all(torch.equal(other[k], reference[k]) for k in reference), condition_id(c)
+    assert not torch.equal(_model(data, cond(), seed=1).classifier.weight, reference["classifier.weight"])
+
+
+@torch.no_grad()
+def test_left_padding_moves_index_positions_but_not_first_token_ones(data):
+    """The same weights and reviews, left-padded to the batch's longest review and to ``max_len``: with index
+    positions the logits change (the real tokens' positions move), with first-token positions they do not."""
+    part = data["test"]
+    index = np.flatnonzero(part["lengths"] < TINY.max_len - 5)[:20]                  # all shorter than max_len
+    assert len(index) == 20
+    logits = {}
+    for positions in ("index", "first_token"):
+        model = _model(data, cond(padding="pre", positions=positions))
+        for length in (None, TINY.max_len):
+            ids, lengths, _ = masking._batch(part, index, "pre", length)
+            logits[positions, length] = model(ids, lengths)[0]
+    torch.testing.assert_close(logits["first_token", None], logits["first_token", TINY.max_len])
+    assert (logits["index", None] - logits["index", TINY.max_len]).abs().max() > 1e-4
+
+
+def test_the_flip_test_compares_no_padding_with_padding_to_max_len(data, monkeypatch):
+    """``flip_rate_in`` is the share of test reviews whose prediction differs between batches of one length and
+    batches padded to ``max_len``: a model that answers by the batch width gives exactly the share of test reviews
+    shorter than ``max_len``."""
+    class ByWidth(torch.nn.Module):
+        padding_side = "post"
+
+        def forward(self, ids, lengths, return_attention=False):
+            wide = float(ids.shape[1] == TINY.max_len)
+            return torch.tensor([[wide, 1 - wide]]).expand(len(ids), 2), None
+
+    model, part, device = ByWidth(), data["test"], torch.device("cpu")
+    unpadded = ex._unpadded_predictions(model, part, TINY, device)
+    at_max = ex._evaluate(model, part, TINY, device, length=TINY.max_len)["preds"]
+    assert (unpadded != at_max).mean() == pytest.approx((part["lengths"] < TINY.max_len).mean())
+    assert 0 < (part["lengths"] < TINY.max_len).mean() < 1
+
+
+def test_same_seed_same_row_and_another_seed_another(rows, data):
+    again = run_one(TINY, data, cond(mask="none"), seed=0, device="cpu")
+    first = rows["none/post/index/first"]
+    assert {k: v for k, v in again.items() if k not in TIMING} == {k: v for k, v in first.items() if k not in TIMING}
+    other = run_one(TINY, data, cond(mask="none"), seed=1, device="cpu")
+    assert (other["pad_mass"], other["val_accuracy"]) != (first["pad_mass"], first["val_accuracy"])
+
+
+# ---------------------------------------------------------------- the results store
+@pytest.fixture()
+def counted(monkeypatch):
+    """Count the runs that ``run_grid`` trains."""
+    calls = []
+    real = ex.run_one
+
+    def counting(cfg, data, condition, seed, device="cpu"):
+        calls.append((condition_id(condition), seed))
+        return real(cfg, data, condition, seed, device)
+
+    monkeypatch.setattr(ex, "run_one", counting)
+    return calls
+
+
+def test_run_grid_stores_and_resumes(tmp_path, data, counted):
+    out = tmp_path / "t.csv"
+    only = TWO.split(",")
+    first = run_grid(TINY, data, out=out, device="cpu", show_progress=False, only=only)
+    assert len(first) == len(counted) == 4 and len(pd.read_csv(out)) == 4
+    assert list(pd.read_csv(out).columns) == list(ex.LAYOUT.columns)
+    second = run_grid(TINY, None, out=out, device="cpu", show_progress=False, only=only)   # nothing loaded either
+    assert len(counted) == 4 and len(second) == 4
+    pd.testing.assert_frame_equal(second, first.sort_values(KEYS).reset_index(drop=True), check_dtype=False)
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert [s["runs_added"] for s in sessions] == [4, 0]
+
+
+# ---------------------------------------------------------------- the command line
+def _argv(out, *more):
+    return ["--mode", "quick", "--out", str(out), "--no-progress", "--device", "cpu", "--only", TWO, *more]
+
+
+@pytest.fixture()
+def tiny(monkeypatch):
+    monkeypatch.setattr(TransformerPaddingConfig, "quick", classmethod(lambda cls: TINY))
+
+
+def test_main_writes_csv_and_provenance(tmp_path, tiny):
+    out = tmp_path / "t.csv"
+    frame = ex.main(_argv(out, "--seeds", "1"))
+    assert len(frame) == 2 and len(pd.read_csv(out)) == 2
+    meta = json.loads(out.with_suffix(".json").read_text())
+    for key in ("device", "torch", "commit", "date_utc", "wall_time_s", "sessions", "n_seeds_complete", "config"):
+        assert key in meta, key
+    assert meta["n_runs"] == 2 and meta["n_seeds_complete"] == 1 and meta["sessions"][0]["status"] == "finished"
+    assert meta["config"]["seeds"] == [0] and meta["config"]["d_model"] == 8
+
+
+def test_main_checks_its_arguments_before_loading_data(tmp_path, tiny, monkeypatch, capsys):
+    def refuse(cfg):
+        raise AssertionError("the data were loaded")
+
+    monkeypatch.setattr(ex, "prepare_data", refuse)
+    with pytest.raises(SystemExit):
+        ex.main(["--only", "masked/post/index/cls", "--out", str(tmp_path / "t.csv")])
+    assert "--only names conditions that are not in the grid: ['masked/post/index/cls']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ex.main(["--seeds", "0", "--out", str(tmp_path / "t.csv")])
+    assert "must be an integer >= 1, got '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ex.main(["--out", str(tmp_path / "t.json")])
+    assert "must name a .csv file" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    out = tmp_path / "t.csv"
+    out.with_suffix(".json").write_text(json.dumps({"config": {"max_len": 1, "seeds": [0]}}))
+    with pytest.raises(SystemExit):
+        ex.main(_argv(out))
+    err = capsys.readouterr().err
+    assert "another configuration" in err and "max_len" in err
+
+
+def test_a_killed_run_resumes_without_losing_or_doubling_a_run(tmp_path, tiny):
+    """A real command line, SIGKILLed once 1 of its 4 runs is stored, then resumed."""
+    out = tmp_path / "t.csv"
+    code, before = kill_after_rows("attnbook.experiments.transformer_padding", TINY, _argv(out), out, rows=1)
+    assert code == -signal.SIGKILL
+    assert [s["status"] for s in json.loads(out.with_suffix(".json").read_text())["sessions"]] == ["running"]
+    ex.main(_argv(out))
+    frame = check_resumed(out, before, KEYS, expected=4)
+    assert set(frame.apply(condition_id, axis=1)) == set(TWO.split(","))
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert [s["status"] for s in sessions] == ["running", "finished"]
+
+
+def test_a_cut_last_row_is_set_aside_and_its_run_redone(tmp_path, tiny, capsys):
+    out = tmp_path / "t.csv"
+    ex.main(_argv(out, "--seeds", "1"))
+    whole = pd.read_csv(out)
+    cut_last_line(out)
+    before = out.read_bytes()
+    ex.main(_argv(out, "--seeds", "1"))
+    assert "set aside a damaged last line" in capsys.readouterr().err
+    frame = check_resumed(out, before, KEYS, expected=2)
+    pd.testing.assert_frame_equal(frame.drop(columns=TIMING), whole.drop(columns=TIMING), check_dtype=False)
+
+
+def test_sigterm_records_the_session_and_exits_143(tmp_path, tiny, monkeypatch):
+    def terminated(cfg, data, condition, seed, device="cpu"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(ex, "run_one", terminated)
+    monkeypatch.setattr(ex, "prepare_data", lambda cfg: {})
+    with pytest.raises(SystemExit) as exit_info:
+        ex.main(_argv(tmp_path / "t.csv"))
+    assert exit_info.value.code == 143
+    assert json.loads((tmp_path / "t.json").read_text())["sessions"][-1]["status"] == "interrupted"
