@@ -1,7 +1,8 @@
 """Take the README's screenshots of the built site with headless Chromium (Playwright).
 
-Usage, after ``make book``: ``.venv/bin/python tools/screenshots.py`` writes ``docs/screenshots/intro.png`` and
-``docs/screenshots/chapter.png`` (a chapter page scrolled to its first figure).
+Usage, after ``make book``: ``.venv/bin/python tools/screenshots.py`` writes ``docs/screenshots/intro.png`` and three
+chapter pages: ``chapter.png`` (chapter 1 at its first figure, the soft-lookup diagram), ``answer.png`` (chapter 5 at
+its answer box, glued from the stored runs) and ``attention.png`` (chapter 4 at its attention maps, with colour bars).
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ def main() -> None:
         page = browser.new_page(viewport={"width": 1280, "height": 860}, color_scheme="light")
         page.goto(f"{base}/intro.html", wait_until="load")
         page.screenshot(path=str(OUT / "intro.png"))
-        page.goto(f"{base}/chapters/01_soft_lookup.html", wait_until="load")
-        page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
-        page.evaluate("MathJax.startup.promise")
-        page.locator("figure").first.scroll_into_view_if_needed()
-        page.evaluate("window.scrollBy(0, -120)")
-        page.screenshot(path=str(OUT / "chapter.png"))
+        shots = [("chapters/01_soft_lookup.html", "figure", "chapter.png"),
+                 ("chapters/05_seq2vec_masking.html", ".admonition", "answer.png"),
+                 ("chapters/04_seq2seq_attention.html", "#fig-seq2seq-heatmaps, figure:has(img[alt*='heatmap'])",
+                  "attention.png")]
+        for url, selector, name in shots:
+            page.goto(f"{base}/{url}", wait_until="load")
+            page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+            page.evaluate("MathJax.startup.promise")
+            target = page.locator(selector).first
+            if not target.count():          # fall back to the page's first figure
+                target = page.locator("figure").first
+            target.scroll_into_view_if_needed()
+            page.evaluate("window.scrollBy(0, -120)")
+            page.screenshot(path=str(OUT / name))
         browser.close()
     print("wrote", *sorted(str(p.relative_to(ROOT)) for p in OUT.glob("*.png")))
 
