@@ -24,8 +24,13 @@ def plain(monkeypatch):
 
 def _ipywidgets(monkeypatch, installed):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: (real("tqdm") if installed else None) if name == "ipywidgets" else real(name, *a))
+
+    def find_spec(name, *args):
+        if name == "ipywidgets":
+            return real("tqdm") if installed else None  # any spec stands for "installed"
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
 @pytest.mark.parametrize("command,expected", [
