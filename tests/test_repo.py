@@ -189,7 +189,9 @@ def _tags(cell):
 
 
 def _is_glue_call(node):
-    return isinstance(node, ast.Call) and "glue" in (getattr(node.func, "id", None), getattr(node.func, "attr", None))
+    """``glue(...)``, ``runtime.glue(...)`` or ``run.glue_end()`` (which returns the glued wall time)."""
+    names = (getattr(node.func, "id", None), getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else ()
+    return any(name in ("glue", "glue_end") for name in names)
 
 
 def ends_with_bare_glue(source: str) -> bool:
@@ -216,6 +218,7 @@ def test_the_glue_checks_can_fail():
     assert ends_with_bare_glue('x = 1\nglue("x", x)')
     assert ends_with_bare_glue('glue("x", 1);')  # a trailing semicolon hides the echo, but is easy to lose
     assert ends_with_bare_glue('runtime.glue("x", 1)')
+    assert ends_with_bare_glue("run.glue_end()")
     assert not ends_with_bare_glue('y = glue("x", 1)\nprint(y)')
     assert not ends_with_bare_glue('glue("x", 1)\ntable')
     assert only_glues('glue("a", 1)\nfor k in "bc":\n    glue(k, 2)')
