@@ -1,5 +1,6 @@
 """The book's conventions, checked on the files as committed (README, section "Contributing")."""
 
+import ast
 import json
 import re
 import tomllib
@@ -14,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+# Notebooks at the root of the book (back matter such as the masking checklist); they follow the chapters' cell
+# conventions too.
+ROOT_NOTEBOOKS = sorted(ROOT.glob("*.ipynb"))
 COLAB_CELL = (ROOT / "tools" / "colab_cell.py").read_text().strip()
 BIB_KEYS = set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(), flags=re.M))
 
@@ -171,3 +175,131 @@ def test_citation_matches_package_and_intro():
         assert cff["repository-code"] in bibtex and cff["repository-code"] == CONFIG["repository"]["url"]
     chapter_url = re.search(r"url\s*=\s*\{([^}]*)\}", blocks[1]).group(1)
     assert (ROOT / chapter_url.split("/blob/main/")[1]).exists(), chapter_url
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pages as a reader sees them: glue out of sight, code within black's width, colour bars, the masking checklist.
+
+BLACK_WIDTH = 88
+NO_OUTPUT_SHOWN = {"remove-cell", "remove-output"}  # the reader sees no output of a cell with one of these tags
+
+
+def _tags(cell):
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def _is_glue_call(node):
+    """``glue(...)``, ``runtime.glue(...)`` or ``run.glue_end()`` (which returns the glued wall time)."""
+    names = (getattr(node.func, "id", None), getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else ()
+    return any(name in ("glue", "glue_end") for name in names)
+
+
+def ends_with_bare_glue(source: str) -> bool:
+    """True if the cell's last statement is a bare ``glue(...)`` call: Jupyter echoes the value it returns."""
+    body = ast.parse(source).body
+    return bool(body) and isinstance(body[-1], ast.Expr) and _is_glue_call(body[-1].value)
+
+
+def only_glues(source: str) -> bool:
+    """True if every statement of the cell is a ``glue(...)`` call (or a loop that only glues)."""
+
+    def glues(stmt):
+        if isinstance(stmt, ast.Expr):
+            return _is_glue_call(stmt.value)
+        if isinstance(stmt, ast.For):
+            return all(glues(s) for s in stmt.body) and not stmt.orelse
+        return False
+
+    body = ast.parse(source).body
+    return bool(body) and all(glues(s) for s in body)
+
+
+def test_the_glue_checks_can_fail():
+    assert ends_with_bare_glue('x = 1\nglue("x", x)')
+    assert ends_with_bare_glue('glue("x", 1);')  # a trailing semicolon hides the echo, but is easy to lose
+    assert ends_with_bare_glue('runtime.glue("x", 1)')
+    assert ends_with_bare_glue("run.glue_end()")
+    assert not ends_with_bare_glue('y = glue("x", 1)\nprint(y)')
+    assert not ends_with_bare_glue('glue("x", 1)\ntable')
+    assert only_glues('glue("a", 1)\nfor k in "bc":\n    glue(k, 2)')
+    assert not only_glues('glue("a", 1)\ntable = make_table()')
+    assert not only_glues("")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS + ROOT_NOTEBOOKS, ids=lambda p: p.name)
+def test_no_shown_cell_echoes_a_glued_value(nb):
+    """A cell whose output the reader sees must not end on ``glue(...)``: the page would show the bare value."""
+    for i, cell in enumerate(_cells(nb)):
+        if cell["cell_type"] == "code" and not _tags(cell) & NO_OUTPUT_SHOWN:
+            assert not ends_with_bare_glue(_source(cell)), (
+                f"{nb.name} cell {i} ends on a bare glue(...): move the glue into a hidden (remove-cell) cell")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS + ROOT_NOTEBOOKS, ids=lambda p: p.name)
+def test_cells_that_only_glue_are_removed(nb):
+    for i, cell in enumerate(_cells(nb)):
+        if cell["cell_type"] == "code" and only_glues(_source(cell)):
+            assert "remove-cell" in _tags(cell), f"{nb.name} cell {i} only glues: tag it remove-cell"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS + ROOT_NOTEBOOKS, ids=lambda p: p.name)
+def test_code_cells_fit_black_width(nb):
+    """Code cells are at most 88 characters a line (black's width), so that no page scrolls sideways."""
+    long = [(i, n + 1, len(line)) for i, cell in enumerate(_cells(nb)) if cell["cell_type"] == "code"
+            for n, line in enumerate(_source(cell).splitlines()) if len(line) > BLACK_WIDTH]
+    assert not long, f"{nb.name}: lines over {BLACK_WIDTH} characters (cell, line, length): {long[:10]}"
+
+
+@pytest.mark.parametrize("nb", ROOT_NOTEBOOKS, ids=lambda p: p.name)
+def test_root_notebooks_are_stored_without_outputs_and_start_with_the_colab_cell(nb):
+    cells = _cells(nb)
+    assert _source(cells[0]).strip() == COLAB_CELL and "remove-cell" in _tags(cells[0])
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [] and cell.get("execution_count") is None, f"{nb.name} cell {i}"
+
+
+HEATMAP_BYPASS = re.compile(r"colorbar=False|\.matshow\(|\.pcolormesh\(|\bsns\.heatmap\(|\bseaborn\b")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_heatmaps_are_drawn_by_attention_heatmap_with_a_colour_bar(nb):
+    for i, cell in enumerate(_cells(nb)):
+        if cell["cell_type"] == "code":
+            found = HEATMAP_BYPASS.search(_source(cell))
+            assert not found, f"{nb.name} cell {i}: {found.group(0)!r}; draw heatmaps with attention_heatmap"
+
+
+def _page_texts():
+    """Every page's text: the markdown cells of the notebooks and the root Markdown pages of the toc."""
+    texts = {}
+    for entry in _toc_files(TOC):
+        path = next(ROOT / f"{entry}{s}" for s in (".ipynb", ".md") if (ROOT / f"{entry}{s}").exists())
+        if path.suffix == ".ipynb":
+            texts[entry] = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "markdown")
+        else:
+            texts[entry] = path.read_text()
+    return texts
+
+
+def _ref_targets(text):
+    return [m.group(2) or m.group(3) for m in re.finditer(r"\{ref\}`(?:([^`<]*)<([^`>]+)>|([^`<]+))`", text)]
+
+
+def test_every_ref_points_at_a_label_of_the_book():
+    texts = _page_texts()
+    labels = {m for text in texts.values() for m in re.findall(r"^\(([\w-]+)\)=\s*$|^:label: ([\w-]+)\s*$", text,
+                                                               flags=re.M) for m in m if m}
+    missing = {(page, t.strip()) for page, text in texts.items() for t in _ref_targets(text) if t.strip() not in labels}
+    assert not missing, f"{{ref}} targets without a (label)=: {sorted(missing)}"
+
+
+def test_masking_checklist_is_in_the_back_matter_and_each_rule_is_linked_and_measured():
+    back = next(part for part in TOC["parts"] if part.get("caption") == "Back matter")
+    assert {"file": "checklist"} in back["chapters"]
+    text = _page_texts()["checklist"]
+    rules = re.findall(r"^- (.+?)(?=^- |^\*\*|\Z)", text, flags=re.M | re.S)
+    assert len(rules) >= 8, f"only {len(rules)} rules"
+    for rule in rules:
+        assert len(_ref_targets(rule)) == 1, f"a rule links to one section: {rule[:80]!r}"
+        assert "{glue:text}`" in rule, f"a rule states the number behind it: {rule[:80]!r}"

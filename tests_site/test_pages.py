@@ -22,7 +22,8 @@ def _rel(page: Path) -> str:
 
 @pytest.fixture(scope="module")
 def visited(browser, site_url):
-    """Open each page once; record JS errors, requests that leave 127.0.0.1, and what the page shows."""
+    """Open each page once; record JS and console errors, resources that fail to load (a 404 for /favicon.ico as
+    much as for a script), requests that leave 127.0.0.1, and what the page shows."""
     results = {}
     for page_path in PAGES:
         page = browser.new_page()
@@ -30,6 +31,10 @@ def visited(browser, site_url):
         page.on("pageerror", lambda exc, errors=errors: errors.append(f"pageerror: {exc}"))
         page.on("console", lambda msg, errors=errors: errors.append(f"console.{msg.type}: {msg.text}")
                 if msg.type == "error" else None)
+        page.on("response", lambda response, errors=errors: errors.append(
+            f"HTTP {response.status}: {response.url}") if response.status >= 400 else None)
+        page.on("requestfailed", lambda request, errors=errors, external=external: errors.append(
+            f"request failed: {request.url}") if request.url not in external else None)
 
         def route(request_route, external=external):
             url = request_route.request.url
@@ -56,7 +61,7 @@ def visited(browser, site_url):
                 "Array.from(document.querySelectorAll('.math')).filter(e => !e.querySelector('mjx-container'))"
                 ".map(e => e.textContent.slice(0, 60))"),
             "images": page.evaluate(
-                "Array.from(document.querySelectorAll('article.bd-article img'))"
+                "Array.from(document.querySelectorAll('img'))"
                 ".map(i => ({src: i.getAttribute('src'), alt: i.getAttribute('alt') || ''}))"),
             "colab": page.evaluate(
                 "Array.from(document.querySelectorAll('a[href*=\"colab.research.google.com\"]')).map(a => a.href)"),
@@ -82,7 +87,8 @@ def test_the_site_was_built():
 
 
 @pytest.mark.parametrize("page", [_rel(p) for p in PAGES])
-def test_no_javascript_errors(visited, page):
+def test_no_javascript_or_console_errors(visited, page):
+    """No script error, no console error, and every resource the page asks for loads (the favicon included)."""
     assert visited[page]["errors"] == []
 
 
@@ -94,6 +100,7 @@ def test_page_works_offline(visited, page):
 
 @pytest.mark.parametrize("page", [_rel(p) for p in PAGES])
 def test_images_have_meaningful_alt_text(visited, page):
+    """Every ``img`` on the page (figures, diagrams, the logo) has alt text that describes it."""
     for image in visited[page]["images"]:
         alt = image["alt"].strip()
         assert alt, f"{image['src']} has no alt text"

@@ -52,6 +52,7 @@ def attention_heatmap(
     vmin: float | None = 0.0,
     vmax: float | None = None,
     colorbar: bool = True,
+    colorbar_label: str = "attention weight",
 ) -> plt.Axes:
     """Draw attention weights ``(n_queries, n_keys)`` as a heatmap whose ticks are the tokens.
 
@@ -63,13 +64,15 @@ def attention_heatmap(
         xlabel, ylabel, title: axis labels and title.
         annotate: write each weight in its cell (for small matrices).
         vmin, vmax: colour limits; ``vmax=None`` = the largest weight.
-        colorbar: add a colour bar labelled "attention weight".
+        colorbar: add a colour bar beside the axes. Every heatmap in the book has one; leave it on.
+        colorbar_label: the colour bar's label, e.g. ``"score / its maximum"`` for weights that are not attention.
 
     Returns:
         The axes.
 
     Raises:
-        ValueError: ``weights`` is not 2-D, or a label list does not match its axis (sizes in the message).
+        ValueError: ``weights`` is not 2-D, a label list does not match its axis (sizes in the message), or
+            ``colorbar_label`` is empty while ``colorbar`` is on.
     """
     w = weights.detach().cpu().float().numpy() if isinstance(weights, torch.Tensor) else np.asarray(weights)
     if w.ndim != 2:
@@ -81,6 +84,8 @@ def attention_heatmap(
         raise ValueError(f"{len(x_labels)} x_labels for {n_k} keys (weights shape {w.shape})")
     if len(y_labels) != n_q:
         raise ValueError(f"{len(y_labels)} y_labels for {n_q} queries (weights shape {w.shape})")
+    if colorbar and not str(colorbar_label).strip():
+        raise ValueError(f"colorbar_label must name what the colours show, got {colorbar_label!r}")
     if ax is None:
         _, ax = plt.subplots(figsize=(max(3.0, 0.45 * n_k + 1.5), max(2.2, 0.4 * n_q + 1.0)))
     image = ax.imshow(w, aspect="auto", vmin=vmin, vmax=vmax, cmap="viridis", interpolation="nearest")
@@ -98,5 +103,5 @@ def attention_heatmap(
                 ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=8,
                         color="black" if w[i, j] > 0.6 * top else "white")
     if colorbar:
-        ax.figure.colorbar(image, ax=ax, label="attention weight", fraction=0.046, pad=0.04)
+        ax.figure.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
     return ax

@@ -145,22 +145,100 @@ class RunInfo:
         return wall
 
 
-def progress(iterable: Iterable | None = None, *, desc: str | None = None, total: int | None = None, **kwargs: Any):
-    """A ``tqdm.auto`` progress bar that also behaves in the book build.
+#: Set to anything but ``""`` or ``"0"`` to turn :func:`progress` bars off everywhere.
+NO_PROGRESS_ENV = "ATTNBOOK_NO_PROGRESS"
+#: Programs that build the book by executing its notebooks: a kernel started by one of them is a book build.
+BOOK_BUILDERS = ("jupyter-book", "jupyter_book", "jb", "sphinx-build", "sphinx")
 
-    In Jupyter or Colab with ipywidgets this is ``tqdm.auto.tqdm`` (a widget). Without ipywidgets, as in the
-    book's build, ``tqdm.auto`` would warn on stderr (which the strict build treats as a failure) and fall back to
-    a text bar; we go straight to the text bar, written to stdout and refreshed at most every 5 s, so the page
-    shows the loop's final count and time. Arguments are passed on to ``tqdm``.
+
+def _process_commands(max_depth: int = 8) -> list[list[str]]:
+    """The command lines of this process's ancestors, parent first (empty where they cannot be read).
+
+    Uses psutil when it is installed and ``/proc`` otherwise (Linux); elsewhere returns ``[]``.
     """
-    if importlib.util.find_spec("ipywidgets") is not None:
+    commands: list[list[str]] = []
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            for parent in psutil.Process().parents()[:max_depth]:
+                try:
+                    commands.append(parent.cmdline())
+                except psutil.Error:
+                    commands.append([])
+        except psutil.Error:
+            pass
+        return commands
+    pid = os.getppid()
+    for _ in range(max_depth):
+        proc = f"/proc/{pid}"
+        try:
+            with open(f"{proc}/cmdline", "rb") as fh:
+                commands.append([a.decode(errors="replace") for a in fh.read().split(b"\0") if a])
+            with open(f"{proc}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+    return commands
+
+
+def _is_book_builder(command: list[str]) -> bool:
+    """Whether a command line runs Jupyter Book or Sphinx (``jupyter-book build``, ``python -m sphinx``, ...)."""
+    names = [os.path.basename(arg) for arg in command[:3]]
+    if "-m" in command[:3]:
+        module = command[command.index("-m") + 1] if command.index("-m") + 1 < len(command) else ""
+        names.append(module.split(".")[0])
+    return any(name in BOOK_BUILDERS for name in names)
+
+
+def in_book_build() -> bool:
+    """True when the code runs while the book is built: ``ATTNBOOK_NO_PROGRESS`` is set (not ``""``/``"0"``), or
+    this process was started by ``jupyter-book``/``jb`` or Sphinx, which execute every notebook of the book (the
+    kernel is their child process; ancestors are checked, so a build through ``make book`` counts too)."""
+    if os.environ.get(NO_PROGRESS_ENV, "").strip() not in ("", "0"):
+        return True
+    return any(_is_book_builder(command) for command in _process_commands())
+
+
+def progress_mode() -> str:
+    """How :func:`progress` shows a loop here: ``"off"``, ``"auto"`` or ``"text"``.
+
+    - ``"off"``: the book build (:func:`in_book_build`): the built pages show no bar, and nothing goes to stderr.
+    - ``"auto"``: ipywidgets is installed: ``tqdm.auto``, a widget in Jupyter and Colab, tqdm's bar on stderr on the
+      command line.
+    - ``"text"``: no ipywidgets (e.g. nbval, or the command line in the book's environment): a plain text bar on
+      stdout, refreshed at most every 5 s, since ``tqdm.auto`` would warn on stderr in a kernel.
+    """
+    if in_book_build():
+        return "off"
+    return "auto" if importlib.util.find_spec("ipywidgets") is not None else "text"
+
+
+def progress(iterable: Iterable | None = None, *, desc: str | None = None, total: int | None = None, **kwargs: Any):
+    """A progress bar over ``iterable`` (or a manual one, with ``total`` and ``update``) that suits where it runs.
+
+    Returns a ``tqdm`` object in each mode of :func:`progress_mode`: with ipywidgets ``tqdm.auto`` (a widget in
+    Jupyter and Colab); without, a plain text bar on stdout that shows the loop's final count and time; and in the
+    book build a disabled bar, which iterates (``update``, ``close`` and the like do nothing) but prints nothing:
+    the built pages show no bars, and no warning goes to stderr. Other keyword arguments are passed on to
+    ``tqdm``; ``disable=True`` turns a bar off in every mode.
+    """
+    mode = progress_mode()
+    if mode == "auto":
         from tqdm.auto import tqdm
     else:
         from tqdm.std import tqdm
 
-        kwargs.setdefault("file", sys.stdout)
-        kwargs.setdefault("mininterval", 5.0)
-        kwargs.setdefault("ascii", True)
+        if mode == "off":
+            kwargs["disable"] = True
+        else:
+            kwargs.setdefault("file", sys.stdout)
+            kwargs.setdefault("mininterval", 5.0)
+            kwargs.setdefault("ascii", True)
     return tqdm(iterable, desc=desc, total=total, **kwargs)
 
 
