@@ -60,7 +60,10 @@ def _config_inited(app: Sphinx, config) -> None:
     # With a logo, pydata-sphinx-theme shows only the image at the top of the sidebar, unless the logo has a text:
     # keep the book's title under the logo, as it is shown without one.
     if config.html_logo and isinstance(config.html_theme_options, dict):
-        config.html_theme_options.setdefault("logo", {}).setdefault("text", config.html_title)
+        logo = config.html_theme_options.setdefault("logo", {})
+        logo.setdefault("text", config.html_title)
+        # With a text, the theme writes alt="" (decorative); every image on the site describes itself instead.
+        logo.setdefault("alt_text", "The book's logo: attention weights as bars, and a hatched pad held at zero")
 
 
 def _copy_mathjax(app: Sphinx, exception: Exception | None) -> None:

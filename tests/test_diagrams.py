@@ -167,6 +167,7 @@ def test_site_extension_keeps_the_title_under_the_logo():
                                    html_context={}, version="", release="", mathjax_path="")
     site._config_inited(None, config)
     assert config.html_theme_options["logo"]["text"] == "T"
+    assert "pad" in config.html_theme_options["logo"]["alt_text"]   # the theme would write alt="" next to a text
     config.html_theme_options = {"logo": {"text": "own"}}
     site._config_inited(None, config)
     assert config.html_theme_options["logo"]["text"] == "own"
