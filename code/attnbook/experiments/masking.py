@@ -363,11 +363,16 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
 
 
 def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: str) -> dict:
-    """One run in a joblib worker. joblib hands large arrays to workers as read-only memory maps, which
-    ``torch.from_numpy`` warns about; each run therefore works on its own writable copy (tens of MB, once per run)."""
-    data = {name: {k: np.array(v) for k, v in part.items()} if isinstance(part, dict) else part
+    """One run in a joblib worker, on :func:`_writable` copies of the arrays."""
+    return run_one(cfg, _writable(data), condition, seed, device)
+
+
+def _writable(data: dict) -> dict:
+    """``data`` (from :func:`prepare_data`) with writable copies of its arrays. joblib hands large arrays to workers as
+    read-only memory maps, which ``torch.from_numpy`` warns about; each run therefore works on its own copy (tens of
+    MB, once per run)."""
+    return {name: {k: np.array(v) for k, v in part.items()} if isinstance(part, dict) else part
             for name, part in data.items()}
-    return run_one(cfg, data, condition, seed, device)
 
 
 def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1,

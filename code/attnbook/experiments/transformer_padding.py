@@ -60,7 +60,7 @@ from ..runtime import ModeConfig, describe_device, get_device, get_mode, progres
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 from ..transformer import TransformerClassifier, pad_attention_mass
 from . import masking as _masking
-from .masking import _batch, _exact_length_batches
+from .masking import _batch, _exact_length_batches, _writable
 
 __all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid",
            "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS"]
@@ -261,9 +261,7 @@ def run_one(cfg: TransformerPaddingConfig, data: dict, condition: dict, seed: in
 
 def _task(cfg: TransformerPaddingConfig, data: dict, condition: dict, seed: int, device: str) -> dict:
     """One run in a joblib worker, on writable copies of the (memory-mapped, read-only) arrays."""
-    data = {name: {k: np.array(v) for k, v in part.items()} if isinstance(part, dict) else part
-            for name, part in data.items()}
-    return run_one(cfg, data, condition, seed, device)
+    return run_one(cfg, _writable(data), condition, seed, device)
 
 
 def run_grid(cfg: TransformerPaddingConfig, data: dict | None = None, *, workers: int = 1,
