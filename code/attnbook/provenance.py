@@ -31,7 +31,9 @@ _RAW_RESULTS = REPOSITORY_URL.replace("github.com", "raw.githubusercontent.com")
 
 def git_commit(path: str | Path = ".") -> str:
     """The ``git rev-parse HEAD`` of the repository containing ``path``, with ``+dirty`` if it has local
-    changes to tracked files, or ``"unknown"`` outside a git checkout."""
+    changes to tracked files. Outside a git checkout (the GPU machine gets a copy of the working tree without
+    ``.git``) it is the environment variable ``ATTNBOOK_COMMIT`` if set (``tools/gpu_masking_job.sh`` passes
+    it on), else ``"unknown"``."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=True
@@ -40,7 +42,7 @@ def git_commit(path: str | Path = ".") -> str:
             ["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("ATTNBOOK_COMMIT") or "unknown"
     return commit + ("+dirty" if dirty else "")
 
 
