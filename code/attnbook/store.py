@@ -38,6 +38,10 @@ What it guarantees:
 7. :func:`merge` brings the finished runs of one store (e.g. made on a GPU elsewhere) into another made with the
    same configuration, under the destination's lock; also from the shell:
    ``python -m attnbook.store merge SRC.csv DST.csv``.
+8. **Twins on another kind of device are other runs.** Where the layout names a :attr:`Layout.kind_column` (the
+   ``device`` column of a run), the kind of device (:func:`device_kind`: ``"cpu"`` or ``"gpu"``) is part of a run's
+   identity: a GPU run of a condition and seed does not stand in for its CPU twin, so a merge keeps both, and a CPU
+   resume still makes the CPU run. The two are never averaged together (chapter 5 pairs runs within one kind).
 
 The README's "Contributing" section summarises these rules.
 """
@@ -64,7 +68,7 @@ import pandas as pd
 from .provenance import atomic_write_text, fsync_dir, git_commit
 
 __all__ = ["StoreError", "StoreLocked", "Layout", "ResultsStore", "Session", "check_out", "sidecar_path",
-           "lock_path", "merge", "positive_int", "device_arg", "csv_path", "main"]
+           "lock_path", "merge", "device_kind", "positive_int", "device_arg", "csv_path", "main"]
 
 
 class StoreError(ValueError):
@@ -81,6 +85,14 @@ def _now() -> str:
 
 def _say(message: str) -> None:
     print(f"attnbook.store: {message}", file=sys.stderr, flush=True)
+
+
+def device_kind(device: object) -> str:
+    """The kind of device a run's ``device`` entry names: ``"cpu"`` for a CPU (``"CPU (1 threads, x86_64)"``,
+    ``"cpu"``), ``"gpu"`` for anything else (``"NVIDIA H100 80GB HBM3"``, ``"cuda:0"``); ``"cpu"`` where none is
+    recorded (an empty entry or NaN, as in runs stored before devices were recorded)."""
+    return "gpu" if isinstance(device, str) and device.strip() and not device.strip().upper().startswith("CPU") \
+        else "cpu"
 
 
 def check_out(out: str | Path) -> Path:
@@ -122,10 +134,13 @@ class Layout:
             (threads, device, workers) and those that only choose runs (seeds, the grid).
         legacy_config: settings added to the configuration after runs were first stored, with the value those runs
             had: a record that lacks such an entry is read as having that value.
+        kind_column: a column naming the device a run ran on (``"device"``), or None. If set, the kind of that
+            device (:func:`device_kind`) is part of a run's identity besides :attr:`keys` (guarantee 8 of the
+            module docstring); every side table must have the column too.
 
     Raises:
-        ValueError: a key missing from the columns or from a side table, an added column not among the columns, or
-            a column named twice.
+        ValueError: a key (or the kind column) missing from the columns or from a side table, an added column not
+            among the columns, or a column named twice.
     """
 
     experiment: str
@@ -135,6 +150,7 @@ class Layout:
     tables: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     not_configuration: tuple[str, ...] = ()
     legacy_config: Mapping[str, Any] = field(default_factory=dict)
+    kind_column: str | None = None
 
     def __post_init__(self):
         for name, header in {"": self.columns, **self.tables}.items():
@@ -144,6 +160,8 @@ class Layout:
             missing = [k for k in self.keys if k not in header]
             if missing:
                 raise ValueError(f"Layout {where} lack the key columns {missing}")
+            if self.kind_column is not None and self.kind_column not in header:
+                raise ValueError(f"Layout {where} lack the kind_column {self.kind_column!r}")
         if set(self.added_columns) - set(self.columns):
             raise ValueError(f"added_columns {sorted(set(self.added_columns) - set(self.columns))} are not columns")
 
@@ -155,13 +173,14 @@ class Layout:
     def to_json(self) -> dict:
         return {"experiment": self.experiment, "keys": list(self.keys), "columns": list(self.columns),
                 "added_columns": list(self.added_columns), "tables": {k: list(v) for k, v in self.tables.items()},
-                "not_configuration": list(self.not_configuration), "legacy_config": dict(self.legacy_config)}
+                "not_configuration": list(self.not_configuration), "legacy_config": dict(self.legacy_config),
+                "kind_column": self.kind_column}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "Layout":
         return cls(data["experiment"], tuple(data["keys"]), tuple(data["columns"]), tuple(data["added_columns"]),
                    {k: tuple(v) for k, v in data.get("tables", {}).items()}, tuple(data["not_configuration"]),
-                   dict(data.get("legacy_config", {})))
+                   dict(data.get("legacy_config", {})), data.get("kind_column"))
 
 
 def _json_plain(value: Any) -> Any:
@@ -211,14 +230,19 @@ def _append_bytes(path: Path, data: bytes) -> None:
 class _TableFile:
     """One CSV file of a store: its header, its good lines and their fields."""
 
-    def __init__(self, path: Path, columns: tuple[str, ...], added: tuple[str, ...], keys: tuple[str, ...]):
+    def __init__(self, path: Path, columns: tuple[str, ...], added: tuple[str, ...], keys: tuple[str, ...],
+                 kind_column: str | None = None):
         self.path, self.columns, self.added, self.keys = path, columns, added, keys
+        self.kind_column = kind_column
         self.header: list[str] | None = None     # None: no file yet, or an empty one
         self.lines: list[bytes] = []             # the data lines, without their newline
         self.records: list[list[str]] = []
 
-    def key(self, record: list[str]) -> tuple[str, ...]:
-        return tuple(record[self.header.index(k)] for k in self.keys)
+    def key(self, record: list[str], header: list[str] | None = None) -> tuple[str, ...]:
+        """A run's identity: its key fields, and the kind of its device if the layout names a kind column."""
+        header = header or self.header
+        key = tuple(record[header.index(k)] for k in self.keys)
+        return key if self.kind_column is None else key + (device_kind(record[header.index(self.kind_column)]),)
 
     def load(self, repair: bool) -> None:
         """Read the file; set aside (``repair``) or leave out a damaged tail; check and upgrade the header."""
@@ -339,6 +363,8 @@ class ResultsStore:
         config: this invocation's configuration (JSON-able), checked against the sidecar's and written into it.
         read_only: take the lock and read, but repair nothing (a damaged tail is left out, not set aside) and write
             nothing (what :func:`merge` does with its source).
+        device: the device this invocation runs on (``"cpu"``, ``"cuda:0"``), for a layout with a
+            :attr:`Layout.kind_column`: :meth:`has` asks about runs on this kind of device unless told another.
 
     Raises (from :meth:`open`):
         StoreError: ``out`` is not a ``.csv`` path, a header does not match, a damaged line is not the last one, the
@@ -346,7 +372,8 @@ class ResultsStore:
         StoreLocked: another process holds the lock.
     """
 
-    def __init__(self, out: str | Path, layout: Layout, config: Mapping | None = None, *, read_only: bool = False):
+    def __init__(self, out: str | Path, layout: Layout, config: Mapping | None = None, *, read_only: bool = False,
+                 device: str | None = None):
         from filelock import FileLock
 
         self.out = check_out(out)
@@ -354,11 +381,13 @@ class ResultsStore:
         self.config = _json_plain(dict(config)) if config is not None else None
         self.sidecar = sidecar_path(self.out)
         self.read_only = read_only
+        self.device = device
         self._lock = FileLock(str(lock_path(self.out)))
         self.previous: dict = {}
         self.done: set[tuple[str, ...]] = set()
-        self.main = _TableFile(self.out, layout.columns, layout.added_columns, layout.keys)
-        self.tables = {name: _TableFile(layout.table_path(self.out, name), header, (), layout.keys)
+        self.main = _TableFile(self.out, layout.columns, layout.added_columns, layout.keys, layout.kind_column)
+        self.tables = {name: _TableFile(layout.table_path(self.out, name), header, (), layout.keys,
+                                        layout.kind_column)
                        for name, header in layout.tables.items()}
         self.is_open = False
 
@@ -416,7 +445,8 @@ class ResultsStore:
         keys = [self.main.key(r) for r in self.main.records]
         self.done = set(keys)
         if len(self.done) < len(keys):
-            _say(f"{self.out} holds {len(keys) - len(self.done)} duplicate runs (same {list(self.layout.keys)}); "
+            same = [*self.layout.keys] + ([f"kind of {self.layout.kind_column}"] if self.layout.kind_column else [])
+            _say(f"{self.out} holds {len(keys) - len(self.done)} duplicate runs (same {same}); "
                  "they are kept, and no further copy is written")
         for name, table in self.tables.items():
             dropped = table.keep(self.done, repair)
@@ -430,13 +460,27 @@ class ResultsStore:
         return len(self.main.records)
 
     def key_of(self, values: Mapping) -> tuple[str, ...]:
-        """The stored form of a run's key, from its values (e.g. ``{"model": "bahdanau"}``)."""
+        """The stored form of a run's identity, from its values (e.g. ``{"model": "bahdanau"}``): its key fields,
+        and for a layout with a :attr:`Layout.kind_column` the kind of device of ``values[kind_column]``, or of
+        the store's ``device`` if ``values`` has none.
+
+        Raises:
+            StoreError: the layout has a kind column, and neither ``values`` nor the store names a device.
+        """
         fields = _TableFile(self.out, self.layout.keys, (), self.layout.keys).format([{k: values[k] for k in
                                                                                        self.layout.keys}])
-        return tuple(fields[0])
+        kind = self.layout.kind_column
+        if kind is None:
+            return tuple(fields[0])
+        device = values.get(kind, self.device)
+        if device is None:
+            raise StoreError(f"{self.out}: a run is identified by its {kind!r} too; pass it in the values, or open "
+                             "the store with device=...")
+        return tuple(fields[0]) + (device_kind(str(device)),)
 
     def has(self, values: Mapping) -> bool:
-        """Whether the run with these key values is stored."""
+        """Whether the run with these key values (and on this kind of device, for a layout with a
+        :attr:`Layout.kind_column`) is stored."""
         return self.key_of(values) in self.done
 
     def frame(self, table: str | None = None) -> pd.DataFrame:
@@ -478,16 +522,17 @@ class ResultsStore:
         """Append one run given as fields (in ``headers`` order per table, default each file's own)."""
         headers = headers or {}
         main_header = headers.get(None, self.main.header or list(self.main.columns))
-        key = tuple(record[main_header.index(k)] for k in self.layout.keys)
+        key = self.main.key(record, main_header)
         if key in self.done:
-            raise StoreError(f"{self.out}: the run {dict(zip(self.layout.keys, key))} is stored already")
+            names = [*self.layout.keys] + (["device kind"] if self.layout.kind_column else [])
+            raise StoreError(f"{self.out}: the run {dict(zip(names, key))} is stored already")
         for name, records in side.items():
             table = self.tables[name]
             header = headers.get(name, table.header or list(table.columns))
             for r in records:
-                if tuple(r[header.index(k)] for k in self.layout.keys) != key:
-                    raise StoreError(f"{table.path}: a row carries the key "
-                                     f"{[r[header.index(k)] for k in self.layout.keys]}, not its run's {list(key)}")
+                if table.key(r, header) != key:
+                    raise StoreError(f"{table.path}: a row carries the key {list(table.key(r, header))}, not its "
+                                     f"run's {list(key)}")
             table.append(records, header if name in headers else None)
         self.main.append([record], main_header if None in headers else None)
         self.done.add(key)
@@ -607,12 +652,28 @@ def _session_id(session: Mapping) -> str:
                       default=str)
 
 
+def _current_layout(experiment: str) -> Layout | None:
+    """The :data:`LAYOUT` of ``attnbook.experiments.<experiment>``, if that module defines one for this experiment."""
+    import importlib
+
+    if not experiment.isidentifier():
+        return None
+    try:
+        module = importlib.import_module(f"{__package__}.experiments.{experiment}")
+    except ImportError:
+        return None
+    layout = getattr(module, "LAYOUT", None)
+    return layout if isinstance(layout, Layout) and layout.experiment == experiment else None
+
+
 def merge(src: str | Path, dst: str | Path) -> dict:
     """Merge the finished runs of the store ``src`` into the store ``dst`` (created if absent).
 
     Both are opened under their locks; ``dst`` is repaired as on a resume (damaged tail, header upgrade), ``src`` is
-    only read. The two must hold the same experiment (the ``store`` entry of either sidecar gives the layout) and the
-    same configuration up to :attr:`Layout.not_configuration`. Runs already in ``dst`` are skipped; each other run
+    only read. The two must hold the same experiment (the ``store`` entry of either sidecar gives the layout; the
+    experiment module's own ``LAYOUT`` is used where it extends theirs) and the same configuration up to
+    :attr:`Layout.not_configuration`. Runs already in ``dst`` (the same key, and for a
+    layout with a :attr:`Layout.kind_column` the same kind of device) are skipped; each other run
     is appended as on a resume (side-table rows, then its row, each written whole and fsynced), in ``src``'s order.
     ``src``'s sessions are appended to ``dst``'s sidecar, each marked ``merged_from`` (the path of ``src``) and
     ``merged_utc``, unless an earlier merge brought them already, and the merge is listed under ``merges``. A merge
@@ -641,7 +702,15 @@ def merge(src: str | Path, dst: str | Path) -> dict:
     if len(layouts) == 2 and (layouts[0].keys, set(layouts[0].columns)) != (layouts[1].keys, set(layouts[1].columns)):
         raise StoreError(f"merge: {src} and {dst} hold different experiments ({layouts[0].experiment} and "
                          f"{layouts[1].experiment})")
-    layout = layouts[-1]   # the destination's, if it has one
+    # The experiment's layout as the code defines it now, where it extends the recorded ones (sidecars written
+    # before a column or the kind column was added); else the destination's, or one that tells twins on other kinds
+    # of device apart, so that a merge never drops a GPU run as a copy of its CPU twin.
+    current = _current_layout(layouts[-1].experiment)
+    if current is not None and all(lay.keys == current.keys and set(lay.columns) <= set(current.columns)
+                                   for lay in layouts):
+        layout = current
+    else:
+        layout = max(layouts[::-1], key=lambda lay: lay.kind_column is not None)
     if src_meta.get("config") is None:
         raise StoreError(f"merge: {sidecar_path(src).name} records no configuration")
     added = skipped = 0
@@ -732,4 +801,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    # Through the package's module, not this __main__ copy: the experiments' layouts are instances of its Layout.
+    from attnbook.store import main as _main
+
+    _main()

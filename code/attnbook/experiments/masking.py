@@ -406,13 +406,14 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1,
         def describe(wall: float) -> dict:
             return provenance(wall_time_s=wall, device=device, workers=workers, only=only)
 
-        with open_store(out, cfg) as store, Session(store, describe, cli=False, workers=workers, only=only):
+        with open_store(out, cfg, device) as store, Session(store, describe, cli=False, workers=workers, only=only):
             return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
                             only=only, on_run=on_run)
     store = out
     done = store.frame() if store is not None else pd.DataFrame()
     grid = [c for c in conditions(cfg.grid) if only is None or condition_id(c) in only]
-    tasks = [(c, s) for s in cfg.seeds for c in grid if store is None or not store.has({**c, "seed": s})]
+    tasks = [(c, s) for s in cfg.seeds for c in grid
+             if store is None or not store.has({**c, "seed": s, "device": str(device)})]
     if tasks and data is None:
         data = prepare_data(cfg)
     n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
@@ -444,7 +445,7 @@ def _columns() -> list[str]:
 #: The results store of this experiment (:mod:`attnbook.store`): a run is a (condition, seed); ``threads`` does not
 #: change results, and ``seeds`` and ``grid`` only choose runs, so none of them counts as configuration.
 LAYOUT = Layout("masking", keys=_KEYS, columns=tuple(_columns()), added_columns=ADDED_COLUMNS,
-                not_configuration=("threads", "seeds", "grid"), legacy_config=LEGACY_CONFIG)
+                not_configuration=("threads", "seeds", "grid"), legacy_config=LEGACY_CONFIG, kind_column="device")
 
 
 def store_config(cfg: MaskingConfig) -> dict:
@@ -452,14 +453,14 @@ def store_config(cfg: MaskingConfig) -> dict:
     return {k: v for k, v in asdict(cfg).items() if k != "extra"}
 
 
-def open_store(out: str | Path, cfg: MaskingConfig) -> ResultsStore:
+def open_store(out: str | Path, cfg: MaskingConfig, device: torch.device | str | None = None) -> ResultsStore:
     """Open the results store ``out`` for ``cfg`` (:class:`attnbook.store.ResultsStore`: lock, damaged tail, header
     and configuration checked; a file without :data:`ADDED_COLUMNS` is upgraded, NaN for its stored runs).
 
     Raises:
         attnbook.store.StoreError: see :class:`~attnbook.store.ResultsStore`.
     """
-    return ResultsStore(out, LAYOUT, store_config(cfg)).open()
+    return ResultsStore(out, LAYOUT, store_config(cfg), device=None if device is None else str(device)).open()
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -492,7 +493,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     device = torch.device(args.device) if args.device else get_device()
     out = args.out
     try:
-        store = open_store(out, cfg)
+        store = open_store(out, cfg, device)
     except StoreError as err:
         parser.error(str(err))
     latest = {"frame": store.frame()}

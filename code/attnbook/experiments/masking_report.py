@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..stats import compare_paired, holm
+from ..store import device_kind   # re-exported: the kind of device a stored run ran on
 from .masking import condition_id
 
 __all__ = ["Arm", "ARMS", "MIN_PAIRS", "answer_table", "format_answer", "verdict", "direction_agrees", "device_kind"]
@@ -65,12 +66,6 @@ ARMS = (
 
 _SIDES = {"pad_mass": "pad_mass", "flip_in": "flip_rate_in", "flip_stress": "flip_rate",
           "tokens_per_s": "tokens_per_s"}
-
-
-def device_kind(device: object) -> str:
-    """``"cpu"`` for a ``device`` entry of a stored run that names a CPU (``"CPU (1 threads, x86_64)"``), else
-    ``"gpu"``; ``"cpu"`` where none is recorded."""
-    return "gpu" if isinstance(device, str) and device and not device.upper().startswith("CPU") else "cpu"
 
 
 def _paired(frame: pd.DataFrame, arm: Arm) -> pd.DataFrame:
