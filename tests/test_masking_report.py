@@ -85,7 +85,7 @@ def test_side_measurements_and_missing_flip_in():
     shown = format_answer(answer_table(frame, n_resamples=999)).loc["mask"]
     assert shown["flip rate"] == "– / –" and shown["flip rate, 2× stress"] == "2.00% / 2.00%"
     assert shown["accuracy change (points)"].startswith(("+0.9", "+1.0")) and shown["verdict"] == "higher"
-    assert shown["tokens/s"] == "1,000 / 1,000"
+    assert shown["tokens/s"] == "1,000 / 1,000" and shown["device"] == "CPU"
 
 
 def test_bad_frames_are_refused():

@@ -155,8 +155,9 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
 
 
 def format_answer(table: pd.DataFrame) -> pd.DataFrame:
-    """The reader's version of :func:`answer_table`: accuracy in points, rates in percent, tokens per second as
-    condition / baseline, and missing measurements as "–" (a dash). One row per arm, indexed by the arm's name."""
+    """The reader's version of :func:`answer_table`: the kind of device the row's runs ran on ("CPU" or "GPU"),
+    accuracy in points, rates in percent, tokens per second as condition / baseline, and missing measurements as
+    "–" (a dash). One row per arm, indexed by the arm's name."""
     def pct(x, digits=2):
         return "–" if not np.isfinite(x) else f"{100 * x:.{digits}f}%"
 
@@ -168,6 +169,7 @@ def format_answer(table: pd.DataFrame) -> pd.DataFrame:
         answered = np.isfinite(t.mean_diff)
         rows[t.arm] = {
             "seeds": int(t.n_pairs),
+            "device": str(t.device_kind).upper() if t.device_kind else "–",
             "accuracy change (points)": (f"{100 * t.mean_diff:+.2f} [{100 * t.ci_low:+.2f}, {100 * t.ci_high:+.2f}]"
                                          if answered else "–"),
             "better / worse": f"{int(t.n_better)} / {int(t.n_worse)}" if answered else "–",
