@@ -22,9 +22,11 @@ $(STAMP): requirements.txt requirements-nodeps.txt code/pyproject.toml
 
 venv: $(STAMP)
 
-## make book: build the website into _build/html, executing every notebook; any warning fails the build.
+## make book: build the website into _build/html, executing every notebook (two at a time, into an emptied cache
+## that the build reads: tools/execute_book.py); any warning fails the build.
 book: $(STAMP)
 	rm -rf _build/html _build/.doctrees
+	$(BIN)/python tools/execute_book.py
 	$(BIN)/jupyter-book build . -W -n --keep-going
 
 ## make test: unit tests, then nbval over every chapter.

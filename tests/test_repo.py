@@ -152,7 +152,8 @@ def test_pyproject_uses_loose_ranges_and_requirements_pin_exactly():
 
 def test_book_config_builds_strictly():
     sphinx = CONFIG["sphinx"]["config"]
-    assert CONFIG["execute"]["execute_notebooks"] == "force"
+    assert CONFIG["execute"]["execute_notebooks"] == "cache"   # filled afresh by tools/execute_book.py
+    assert "execute_book.py" in (ROOT / "Makefile").read_text()
     assert sphinx["nb_execution_raise_on_error"] is True
     assert sphinx["numfig"] is True and sphinx["math_numfig"] is True
     assert "sphinx_exercise" in CONFIG["sphinx"]["extra_extensions"]
@@ -303,3 +304,19 @@ def test_masking_checklist_is_in_the_back_matter_and_each_rule_is_linked_and_mea
     for rule in rules:
         assert len(_ref_targets(rule)) == 1, f"a rule links to one section: {rule[:80]!r}"
         assert "{glue:text}`" in rule, f"a rule states the number behind it: {rule[:80]!r}"
+
+
+def test_execute_book_runs_every_book_notebook_into_an_emptied_cache():
+    """tools/execute_book.py executes exactly the notebooks of _toc.yml, and empties the cache before it runs (so
+    no output made with older library code survives)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("execute_book", ROOT / "tools" / "execute_book.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    listed = {p.relative_to(ROOT).as_posix() for p in tool.book_notebooks()}
+    toc = (ROOT / "_toc.yml").read_text()
+    stored = {p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("*.ipynb"), *(ROOT / "chapters").glob("*.ipynb")]}
+    assert listed == {p for p in stored if p.removesuffix(".ipynb") in toc}
+    assert "chapters/05_seq2vec_masking.ipynb" in listed
+    assert "shutil.rmtree(CACHE" in (ROOT / "tools" / "execute_book.py").read_text()
