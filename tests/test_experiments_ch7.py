@@ -5,6 +5,7 @@ the explanation experiment's data flow."""
 import json
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -12,6 +13,8 @@ import torch
 from attnbook.experiments import attention_explanation as ex
 from attnbook.experiments import hard_attention as ha
 from attnbook.hard_attention import DecoderOutput
+from attnbook.interpret import AttentionClassifier
+from attnbook.models import BiGRUClassifier
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,16 +85,85 @@ def test_localization_metric(width, height):
         assert ha.evaluate(_Oracle(canvases.offsets, shift=4), canvases)["loc_acc"] == pytest.approx(1 / 3)
 
 
-def test_explanation_pipeline_runs():
-    cfg = replace(ex.ExplanationConfig.quick(), n_train=300, n_test=60, n_analyse=5, max_len=24, vocab_size=500,
-                  epochs=1, n_permutations=3)
-    data = ex.prepare_reviews(cfg)
-    assert data["n_reviews"] < 25_000 and data["train"]["ids"].shape == (300, 24)
-    model, history = ex.train_classifier(cfg, data, show_progress=False)
-    assert list(history.epoch) == [1] and 0 <= history.test_acc.iloc[0] <= 1
-    result = ex.explanation_tests(cfg, model, data)
+EX_CFG = replace(ex.ExplanationConfig.quick(), n_train=300, n_test=60, n_analyse=5, max_len=24, vocab_size=500,
+                 epochs=1, n_permutations=3)
+
+
+@pytest.fixture(scope="module")
+def ex_data():
+    return ex.prepare_reviews(EX_CFG)
+
+
+def test_explanation_pipeline_runs(ex_data):
+    data = ex_data
+    assert data["n_reviews"] < 25_000 and data["train"]["ids"].shape == (300, 24) and len(data["test"]["ids"]) == 60
+    assert data["train"]["ids"].dtype == "int32" and set(data["train"]["labels"]) == {0, 1}
+    model, history = ex.train_classifier(EX_CFG, data, show_progress=False)
+    assert isinstance(model, BiGRUClassifier) and model.pooling.kind == "attention" and model.encoder.packed
+    assert model.pooling.attention.masking == "neg_inf" and not model.training
+    assert list(history.epoch) == [1] and history.test_acc.iloc[0] == ex.accuracy(model, data["test"])
+    result = ex.explanation_tests(EX_CFG, model, data)
     per = result["per_example"]
     assert len(per) == 5 and per.tau_grad.between(-1, 1).all() and (per.perm_median_change >= 0).all()
+    # the probabilities are the BiGRU's own softmax on the first five test reviews
+    with torch.no_grad():
+        logits, weights = model(result["ids"], result["lengths"])
+    assert np.allclose(per.prob, torch.softmax(logits, -1)[:, 1].numpy(), atol=1e-6)
+    assert torch.allclose(result["weights"], weights) and list(per.length) == result["lengths"].tolist()
+
+
+@pytest.mark.parametrize("uniform", [False, True])
+def test_training_is_chapter_5s(ex_data, uniform):
+    """The same seed and sizes through attnbook.experiments.masking.run_one give the same classifier: its test
+    accuracy (measured by masking's own evaluation) equals ours."""
+    from attnbook.experiments import masking
+
+    mcfg = replace(masking.MaskingConfig.quick(), n_train=300, max_len=24, embed_size=EX_CFG.embed_size,
+                   hidden_size=EX_CFG.hidden_size, attention_size=EX_CFG.attention_size,
+                   batch_size=EX_CFG.batch_size, epochs=EX_CFG.epochs, lr=EX_CFG.lr, repad_to=48, threads=1)
+    mdata = {"vocab_size": ex_data["vocab_size"], "train": ex_data["train"], "validation": ex_data["test"],
+             "test": ex_data["test"]}
+    condition = ex._condition(EX_CFG, uniform)
+    row = masking.run_one(mcfg, mdata, condition, seed=EX_CFG.seed)
+    model, history = ex.train_classifier(EX_CFG, ex_data, uniform=uniform, show_progress=False)
+    assert model.pooling.kind == ("mean" if uniform else "attention")
+    assert history.test_acc.iloc[-1] == pytest.approx(row["test_accuracy"])
+
+
+def test_predict_and_accuracy_for_both_kinds_of_model(ex_data):
+    test = ex_data["test"]
+    model, _ = ex.train_classifier(EX_CFG, ex_data, show_progress=False)
+    ids, lengths = torch.from_numpy(test["ids"]).long(), torch.from_numpy(test["lengths"])
+    with torch.no_grad():
+        expected = model(ids, lengths)[0].argmax(-1).numpy()
+    assert np.array_equal(ex.predict(model, test, batch_size=7), expected)
+    torch.manual_seed(0)
+    bag = AttentionClassifier(ex_data["vocab_size"], 8, 4, 4, encoder="none").eval()
+    with torch.no_grad():
+        expected = (bag(ids, lengths)[0] > 0).long().numpy()
+    assert np.array_equal(ex.predict(bag, test), expected)
+    assert ex.accuracy(bag, test) == pytest.approx((expected == test["labels"]).mean())
+    per = ex.explanation_tests(EX_CFG, bag, ex_data)["per_example"]      # a protocol model is tested as it is
+    assert len(per) == 5 and per.tau_loo.between(-1, 1).all()
+
+
+def test_accuracy_difference():
+    labels = np.array([1, 0, 1, 1, 0, 0, 1, 0, 1, 1])
+    a = labels.copy()
+    b = labels.copy()
+    b[:3] = 1 - b[:3]                                              # b gets three reviews wrong
+    out = ex.accuracy_difference(a, b, labels)
+    assert (out["acc_a"], out["acc_b"], out["difference"], out["n"]) == (1.0, 0.7, pytest.approx(0.3), 10)
+    assert 0 <= out["low"] <= 0.3 <= out["high"] <= 0.6
+    assert ex.accuracy_difference(a, b, labels) == out                # seeded: the same interval again
+    same = ex.accuracy_difference(a, a, labels)
+    assert (same["difference"], same["low"], same["high"]) == (0, 0, 0)
+    swapped = ex.accuracy_difference(b, a, labels)
+    assert swapped["difference"] == pytest.approx(-0.3) and swapped["high"] <= 0
+    with pytest.raises(ValueError, match=r"must have the same length, got \(10,\), \(9,\) and \(10,\)"):
+        ex.accuracy_difference(a, b[:9], labels)
+    with pytest.raises(ValueError, match="needs at least 2 reviews, got 1"):
+        ex.accuracy_difference(a[:1], b[:1], labels[:1])
 
 
 # ---------------------------------------------------------------- the command lines as results stores

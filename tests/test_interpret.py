@@ -234,3 +234,80 @@ def test_classifier_errors():
         AttentionClassifier(10, encoder="lstm")
     with pytest.raises(ValueError, match="all sizes must be positive"):
         AttentionClassifier(0)
+
+
+# ---------------------------------------------------------------- BinaryView: chapter 5's classifier as a protocol model
+from attnbook.interpret import BinaryView  # noqa: E402
+from attnbook.models import BiGRUClassifier  # noqa: E402
+
+
+def _bigru(pooling="attention", seed=0, num_classes=2):
+    torch.manual_seed(seed)
+    return BiGRUClassifier(20, embed_size=6, hidden_size=4, attention_size=5, num_classes=num_classes,
+                           pooling=pooling).double().eval()
+
+
+def test_binary_view_gives_the_models_probability_and_weights():
+    model = _bigru()
+    view = BinaryView(model)
+    ids, lengths = _batch()
+    logits, weights = model(ids, lengths)
+    logit, view_weights = view(ids, lengths)
+    assert torch.allclose(torch.sigmoid(logit), torch.softmax(logits, -1)[:, 1], atol=1e-12)
+    assert torch.equal(view_weights, weights)
+    # the logit is v . (sum_t alpha_t h_t) + b with v, b from the classifier's two rows
+    h = model.encoder(model.embedding(ids), lengths)
+    by_hand = torch.einsum("bt,btd->bd", weights, h) @ view.direction + view.bias
+    assert torch.allclose(logit, by_hand, atol=1e-12)
+    same, _ = view(ids, lengths, embeddings=model.embedding(ids), weights=weights)
+    assert torch.allclose(same, logit, atol=1e-12)
+
+
+def test_binary_view_with_uniform_weights_is_the_masked_mean_model():
+    attention, mean = _bigru("attention"), _bigru("mean")
+    mean.load_state_dict({k: v for k, v in attention.state_dict().items() if not k.startswith("pooling.")})
+    ids, lengths = _batch()
+    uniform = uniform_weights(lengths_to_mask(lengths, 7)).double()
+    logit, _ = BinaryView(attention)(ids, lengths, weights=uniform)
+    mean_logits, mean_weights = mean(ids, lengths)
+    assert torch.allclose(torch.sigmoid(logit), torch.softmax(mean_logits, -1)[:, 1], atol=1e-12)
+    assert torch.allclose(mean_weights, uniform)
+
+
+def test_binary_view_gradient_importance_matches_finite_differences():
+    view = BinaryView(_bigru())
+    ids, lengths = torch.tensor([[3, 5, 7, 0], [2, 9, 0, 0]]), torch.tensor([3, 2])
+    imp = gradient_importance(view, ids, lengths)
+    emb = view.embed(ids).detach()
+    eps = 1e-6
+    for i, t in ((0, 0), (0, 2), (1, 1)):
+        grad = torch.zeros(emb.shape[-1], dtype=torch.float64)
+        for k in range(emb.shape[-1]):
+            plus, minus = emb.clone(), emb.clone()
+            plus[i, t, k] += eps
+            minus[i, t, k] -= eps
+            p = torch.sigmoid(view(ids, lengths, embeddings=plus)[0][i])
+            m = torch.sigmoid(view(ids, lengths, embeddings=minus)[0][i])
+            grad[k] = (p - m) / (2 * eps)
+        assert imp[i, t].item() == pytest.approx(grad.norm().item(), rel=1e-5)
+    assert torch.all(imp[0, 3:] == 0) and torch.all(imp[1, 2:] == 0)
+
+
+def test_binary_view_errors():
+    with pytest.raises(TypeError, match="model must be an attnbook.models.BiGRUClassifier, got AttentionClassifier"):
+        BinaryView(_model("bigru"))
+    with pytest.raises(ValueError, match="model must have 2 classes, got 3"):
+        BinaryView(_bigru(num_classes=3))
+    with pytest.raises(ValueError, match="weighted sum .* got 'last'"):
+        BinaryView(_bigru("last"))
+    view = BinaryView(_bigru())
+    ids, lengths = _batch()
+    with pytest.raises(ValueError, match=r"embeddings must have shape \(4, 7, 6\) to match ids of shape \(4, 7\), "
+                                         r"got \(4, 7, 5\)"):
+        view(ids, lengths, embeddings=torch.zeros(4, 7, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"weights must have the shape of ids \(4, 7\), got \(4, 6\)"):
+        view(ids, lengths, weights=torch.zeros(4, 6))
+    with pytest.raises(ValueError, match=r"ids must have shape \(batch, length\), got \(7,\)"):
+        view(ids[0], lengths)
+    with pytest.raises(TypeError, match="ids must be a torch.Tensor, got list"):
+        view([[1, 2]], lengths)

@@ -5,7 +5,8 @@ One module per concept (see the chapter → module table in the repository's REA
 - :mod:`attnbook.masking`  -- masks and masked softmax (chapter "Attention as soft dictionary lookup").
 - :mod:`attnbook.kernels`  -- Nadaraya–Watson kernel regression (chapter "Kernel regression as attention").
 - :mod:`attnbook.attention` -- scaled dot-product, additive, cosine and multi-head attention (chapter "Parametric
-  attention").
+  attention"); the initialization experiment on MNIST (:mod:`attnbook.data.mnist`) in
+  :mod:`attnbook.experiments.init_scale`.
 - :mod:`attnbook.text` -- tokenizer, vocabulary and padding (chapter "Sequence to sequence with attention").
 - :mod:`attnbook.seq2seq` -- GRU encoder-decoder with pluggable attention, greedy decoding and beam search
   (chapter "Sequence to sequence with attention"); data in :mod:`attnbook.data.translation`, the experiment and
@@ -21,7 +22,8 @@ One module per concept (see the chapter → module table in the repository's REA
   with soft, hard and Gumbel attention (chapter "Soft and hard attention"); data in :mod:`attnbook.data.digits`, the
   experiment and its CLI in :mod:`attnbook.experiments.hard_attention`.
 - :mod:`attnbook.interpret` -- importance measures, Kendall's tau, the permutation test and uniform attention (chapter
-  "Soft and hard attention", section "Is attention an explanation?"); reviews in :mod:`attnbook.data.reviews`.
+  "Soft and hard attention", section "Is attention an explanation?"), run on chapter 5's classifier by
+  :mod:`attnbook.experiments.attention_explanation`; reviews in :mod:`attnbook.data.reviews`.
 - :mod:`attnbook.transformer` -- positional encodings, Transformer layers, a translation model and an encoder
   classifier (chapter "Self-attention and the Transformer").
 - :mod:`attnbook.runtime`  -- run mode (quick/full), device, seeding, glue and wall time.

@@ -7,6 +7,9 @@ change in output when the attention weights are randomly permuted (:func:`permut
 Pinter (2019): a baseline whose attention is frozen to uniform weights (``AttentionClassifier(uniform=True)``,
 :func:`uniform_weights`).
 
+The chapter runs them on chapter 5's classifier, :class:`attnbook.models.BiGRUClassifier` (a packed BiGRU with
+attention pooling), seen through :class:`BinaryView`.
+
 The functions work with any binary classifier that follows the protocol of :class:`AttentionClassifier`:
 
 - ``model.embed(ids) -> (B, T, d)`` token embeddings;
@@ -27,9 +30,11 @@ from torch import Tensor, nn
 
 from .attention import AdditiveAttention
 from .masking import check_bool_mask, check_lengths_for, lengths_to_mask, masked_softmax
+from .models import BiGRUClassifier, padding_mask
 
 __all__ = [
     "AttentionClassifier",
+    "BinaryView",
     "uniform_weights",
     "gradient_importance",
     "leave_one_out_importance",
@@ -135,6 +140,85 @@ class AttentionClassifier(nn.Module):
                 weights = masked_softmax(self.attention.scores(query, h).squeeze(1), mask)
         pooled = torch.bmm(weights.unsqueeze(1), h).squeeze(1)
         return self.out(pooled).squeeze(-1), weights
+
+
+class BinaryView(nn.Module):
+    """A two-class :class:`attnbook.models.BiGRUClassifier` seen through this module's protocol: one logit, and the
+    embeddings and pooling weights replaceable.
+
+    The wrapped model's two logits ``l_0, l_1`` become the single logit ``l_1 - l_0``, so that
+    ``sigmoid(l_1 - l_0) = softmax(l)_1``, the probability of class 1 (a positive review). Pooling is a weighted
+    sum ``c = sum_t alpha_t h_t`` of the encoder states, so the logit is ``v . c + b`` with :attr:`direction`
+    ``v = w_1 - w_0`` and :attr:`bias` ``b = b_1 - b_0`` of the model's classifier (chapter 7, section "The same
+    prediction from different weights"). The view shares the model's parameters; it copies nothing.
+
+    Args:
+        model: a :class:`attnbook.models.BiGRUClassifier` with ``num_classes=2`` and a weighted-sum pooling
+            (``"attention"``, ``"mean"`` or ``"uniform"``).
+
+    Call: ``view(ids (B, T) int64, lengths (B,) int64, *, embeddings=None, weights=None)`` ->
+    ``(logits (B,), weights (B, T))``, where ``weights`` are the pooling's (for attention pooling, masked so that
+    pads get 0; the mask is bool, True = a real token, built from ``lengths`` on the model's padding side).
+    ``embeddings`` ``(B, T, embed_size)`` replace ``model.embedding(ids)``; ``weights`` ``(B, T)`` replace the
+    pooling weights. Lengths must lie in ``[1, T]`` when the model's encoder is packed.
+
+    Raises:
+        TypeError: ``model`` is not a ``BiGRUClassifier``; at the call, as the model.
+        ValueError: ``model`` has another number of classes or pools by ``"last"``; at the call, ``embeddings`` or
+            ``weights`` of another shape (the message gives the shapes), and the model's own errors.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        if not isinstance(model, BiGRUClassifier):
+            raise TypeError(f"model must be an attnbook.models.BiGRUClassifier, got {type(model).__name__}")
+        if model.classifier.out_features != 2:
+            raise ValueError(f"model must have 2 classes, got {model.classifier.out_features}")
+        if model.pooling.kind == "last":
+            raise ValueError("model must pool by a weighted sum ('attention', 'mean' or 'uniform'), got 'last'")
+        self.model = model
+
+    @property
+    def direction(self) -> Tensor:
+        """``v = w_1 - w_0`` ``(state_size,)``: the logit is ``v . c + b`` for the pooled vector ``c``."""
+        weight = self.model.classifier.weight
+        return weight[1] - weight[0]
+
+    @property
+    def bias(self) -> Tensor:
+        """``b = b_1 - b_0`` (a 0-d tensor)."""
+        bias = self.model.classifier.bias
+        return bias[1] - bias[0]
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token embeddings ``(B, T, embed_size)``."""
+        return self.model.embedding(ids)
+
+    def states(self, embeddings: Tensor, lengths: Tensor) -> Tensor:
+        """Encoder states ``(B, T, 2 * hidden_size)`` of ``embeddings`` (zeros at pads when packed)."""
+        return self.model.encoder(embeddings, lengths)
+
+    def forward(self, ids: Tensor, lengths: Tensor, *, embeddings: Tensor | None = None,
+                weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dim() != 2:
+            raise ValueError(f"ids must have shape (batch, length), got {tuple(ids.shape)}")
+        lengths = check_lengths_for(ids, lengths, x_name="ids", min_length=1 if self.model.encoder.packed else 0)
+        size = self.model.embedding.embedding_dim
+        if embeddings is not None and tuple(embeddings.shape) != tuple(ids.shape) + (size,):
+            raise ValueError(f"embeddings must have shape {tuple(ids.shape) + (size,)} to match ids of shape "
+                             f"{tuple(ids.shape)}, got {tuple(embeddings.shape)}")
+        if weights is not None and tuple(weights.shape) != tuple(ids.shape):
+            raise ValueError(f"weights must have the shape of ids {tuple(ids.shape)}, got {tuple(weights.shape)}")
+        h = self.states(self.embed(ids) if embeddings is None else embeddings, lengths)
+        if weights is None:
+            mask = padding_mask(lengths.to(ids.device), ids.shape[1], self.model.padding_side)
+            pooled, weights = self.model.pooling(h, mask)
+        else:
+            pooled = torch.einsum("bt,btd->bd", weights.to(h.dtype), h)
+        logits = self.model.classifier(pooled)
+        return logits[:, 1] - logits[:, 0], weights
 
 
 def uniform_weights(mask: Tensor) -> Tensor:

@@ -28,7 +28,11 @@ DIGIT_SIZE = 8
 
 @dataclass(frozen=True)
 class DigitImages:
-    """A pool of digit images: ``images`` float32 ``(n, 8, 8)`` in [0, 1], ``labels`` int64 ``(n,)`` in 0..9."""
+    """A pool of digit images: ``images`` float32 ``(n, side, side)`` in [0, 1], ``labels`` int64 ``(n,)`` in 0..9.
+
+    ``side`` is 8 for scikit-learn's digits (:func:`load_digit_images`) and 28 for MNIST
+    (:func:`attnbook.data.mnist.load_mnist_sample`); :func:`split_digit_images` takes either.
+    """
 
     images: Tensor
     labels: Tensor

@@ -1,5 +1,14 @@
-"""Is attention an explanation? A small attention classifier on IMDB reviews, and the tests of Jain and Wallace
-(2019) and Wiegreffe and Pinter (2019). Chapter 7, "Soft and hard attention", section "Is attention an explanation?".
+"""Is attention an explanation? The tests of Jain and Wallace (2019) and Wiegreffe and Pinter (2019) on chapter 5's
+classifier. Chapter 7, "Soft and hard attention", section "Is attention an explanation?".
+
+The classifier is chapter 5's :class:`attnbook.models.BiGRUClassifier` (Yang et al. 2016 at the word level): word
+embeddings, a bidirectional GRU over the packed batch (pads are never read and their states are exactly 0), attention
+pooling with a learned context vector and the safe ``"neg_inf"`` mask (:mod:`attnbook.pooling`), and a linear layer
+to two classes. It is built and trained as :func:`attnbook.experiments.masking.run_one` trains it: the same seeding
+(:func:`attnbook.runtime.seed_everything`), Adam, cross-entropy, and that module's batching (length-bucketed or random
+batches, padded per batch). Its *uniform twin* (Wiegreffe and Pinter's baseline) is the same model with chapter 5's
+masked mean pooling, i.e. attention frozen to ``1 / n`` on the ``n`` real tokens. The tests see the trained model
+through :class:`attnbook.interpret.BinaryView`.
 
 Use from Python (the chapter does)::
 
@@ -8,6 +17,8 @@ Use from Python (the chapter does)::
     model, history = train_classifier(cfg, data)                 # learned attention
     uniform, _ = train_classifier(cfg, data, uniform=True)        # attention frozen to uniform
     per_example = explanation_tests(cfg, model, data)             # one row per analysed test review
+    difference = accuracy_difference(predict(model, data["test"]), predict(uniform, data["test"]),
+                                     data["test"]["labels"])
 
 or from the command line, for several seeds with provenance beside the CSV::
 
@@ -17,9 +28,10 @@ or from the command line, for several seeds with provenance beside the CSV::
 which trains, for each seed, the learned-attention classifier (and runs the tests on it) and its uniform twin, and
 writes ``attention_explanation_full.csv`` (one row per attention and seed), ``..._history.csv`` (per epoch),
 ``..._per_example.csv`` (the tests per analysed review) and ``attention_explanation_full.json`` (provenance, one
-session per invocation). A seed fixes the split, the initialization and the permutations (``cfg.seed``; seed 0 is
-the chapter's run). It is a results store (:mod:`attnbook.store`): each run is stored as soon as it finishes, so a
-killed run resumes where it stopped.
+session per invocation). As in chapter 5, the split is fixed (``cfg.split_seed``) and a seed fixes the
+initialization, the batch order and the permutations (``cfg.seed``; seed 0 is the chapter's run), so the two
+classifiers of one seed are a pair. It is a results store (:mod:`attnbook.store`): each run is stored as soon as it
+finishes, so a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -33,134 +45,209 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
-from ..interpret import (AttentionClassifier, gradient_importance, kendall_tau, leave_one_out_importance,
-                         permutation_effect)
-from ..runtime import ModeConfig, get_device, get_mode, progress
+from ..interpret import BinaryView, gradient_importance, kendall_tau, leave_one_out_importance, permutation_effect
+from ..models import BiGRUClassifier
+from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
+from ..stats import bootstrap_ci
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
+from . import masking
 
-__all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "accuracy", "explanation_tests", "run_one",
-           "main", "LAYOUT", "ATTENTIONS"]
+__all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "predict", "accuracy", "accuracy_difference",
+           "explanation_tests", "run_one", "main", "LAYOUT", "ATTENTIONS"]
 
 
 @dataclass(frozen=True)
 class ExplanationConfig(ModeConfig):
-    """Data sizes, model and training of the explanation experiment (quick: a 2-core CPU; full: a GPU)."""
+    """Data sizes, model and training of the explanation experiment (quick: a 2-core CPU; full: a GPU).
 
-    n_train: int = 5000
-    n_test: int = 1000
-    n_analyse: int = 100
-    max_len: int = 128
+    Sizes in reviews and tokens; ``n_train`` / ``n_test`` = 0 keep the whole split. ``batching`` is chapter 5's
+    ``"bucketed"`` or ``"random"`` (:mod:`attnbook.batching`).
+    """
+
+    n_train: int = 8000
+    n_test: int = 0
+    n_analyse: int = 50
+    max_len: int = 200
     vocab_size: int = 10_000
     min_freq: int = 2
-    encoder: str = "cnn"
-    embed_size: int = 64
-    hidden_size: int = 32
-    attention_size: int = 32
-    epochs: int = 3
-    batch_size: int = 64
-    lr: float = 3e-3
+    embed_size: int = 32
+    hidden_size: int = 16
+    attention_size: int = 16
+    epochs: int = 1
+    batch_size: int = 100
+    lr: float = 3e-2
+    batching: str = "bucketed"
+    eval_batch_size: int = 500
     n_permutations: int = 50
+    split_seed: int = 0
     seed: int = 0
     device: str = "cpu"
 
     @classmethod
     def quick(cls) -> "ExplanationConfig":
-        """5,000 training reviews cut to 128 tokens, a convolutional encoder, 3 epochs, 100 analysed reviews."""
+        """8,000 training reviews cut to 200 tokens (chapter 5's quick length), a small BiGRU (32, 16 per
+        direction, 16), one epoch of Adam at 3e-2 in length-bucketed batches of 100, every test review, 50 analysed
+        reviews."""
         return cls()
 
     @classmethod
     def full(cls) -> "ExplanationConfig":
-        """All training reviews cut to 400 tokens, a bidirectional GRU, 5 epochs, 500 analysed reviews."""
-        return cls(n_train=0, n_test=0, n_analyse=500, max_len=400, vocab_size=20_000, encoder="bigru",
-                   hidden_size=64, attention_size=64, epochs=5, n_permutations=100, device=str(get_device()))
-
+        """All training reviews cut to 400 tokens, chapter 5's full sizes (Yang et al.: 200, 50, 100), batch 64,
+        Adam 1e-3, 2 epochs, 500 analysed reviews."""
+        return cls(n_train=0, n_test=0, n_analyse=500, max_len=400, vocab_size=20_000, embed_size=200,
+                   hidden_size=50, attention_size=100, epochs=2, batch_size=64, lr=1e-3, n_permutations=100,
+                   device=str(get_device()))
 
 
 def prepare_reviews(cfg: ExplanationConfig) -> dict:
-    """Load, clean, deduplicate and split the IMDB reviews; build the vocabulary on the training part; encode.
+    """Load, clean, deduplicate and split the IMDB reviews (:mod:`attnbook.data.reviews`, split seed
+    ``cfg.split_seed``), build the vocabulary on the training part, and encode.
 
-    ``n_train`` / ``n_test`` = 0 keep the whole split. Returns a dict with ``vocab``, ``train`` and ``test``
-    (each a dict of ``ids``, ``lengths``, ``labels`` (float32) and ``text``), and ``n_reviews`` (after
-    deduplication).
+    Returns a dict with ``vocab``, ``vocab_size``, ``n_reviews`` (after deduplication), ``split_sizes`` and the parts
+    ``train`` and ``test`` in :mod:`attnbook.experiments.masking`'s layout: NumPy ``ids`` int32 ``(n, max_len)``
+    (right-padded with 0), ``lengths`` int64 ``(n,)``, ``labels`` int64 ``(n,)`` (1 = positive), and ``text``.
     """
     reviews = load_reviews("imdb")
-    splits = split_reviews(reviews, seed=cfg.seed)
+    splits = split_reviews(reviews, seed=cfg.split_seed)
     train = splits["train"].iloc[: cfg.n_train or None]
     test = splits["test"].iloc[: cfg.n_test or None]
     vocab = build_vocab(train.text, min_freq=cfg.min_freq, max_size=cfg.vocab_size)
 
-    def tensors(df):
+    def arrays(df):
         ids, lengths = encode(df.text, vocab, cfg.max_len)
-        return {"ids": ids, "lengths": lengths, "labels": torch.tensor(df.label.to_numpy(), dtype=torch.float32),
-                "text": df.text.tolist()}
+        return {"ids": ids.numpy().astype(np.int32), "lengths": lengths.numpy().astype(np.int64),
+                "labels": df.label.to_numpy(dtype=np.int64, copy=True), "text": df.text.tolist()}
 
-    return {"vocab": vocab, "train": tensors(train), "test": tensors(test), "n_reviews": len(reviews),
-            "split_sizes": {k: len(v) for k, v in splits.items()}}
+    return {"vocab": vocab, "vocab_size": len(vocab), "train": arrays(train), "test": arrays(test),
+            "n_reviews": len(reviews), "split_sizes": {k: len(v) for k, v in splits.items()}}
+
+
+def _view(model: nn.Module) -> nn.Module:
+    """``model`` in :mod:`attnbook.interpret`'s protocol: a BiGRUClassifier through :class:`BinaryView`, any other
+    model (e.g. :class:`attnbook.interpret.AttentionClassifier`) as it is."""
+    return BinaryView(model) if isinstance(model, BiGRUClassifier) else model
 
 
 @torch.no_grad()
-def accuracy(model: AttentionClassifier, part: dict, device: str = "cpu", batch_size: int = 500) -> float:
-    """Share of reviews whose predicted label (``logit > 0``) is right."""
-    correct = 0
-    for s in range(0, len(part["labels"]), batch_size):
-        logits, _ = model(part["ids"][s:s + batch_size].to(device), part["lengths"][s:s + batch_size].to(device))
-        correct += ((logits > 0).float().cpu() == part["labels"][s:s + batch_size]).sum().item()
-    return correct / len(part["labels"])
+def predict(model: nn.Module, part: dict, device: str | torch.device = "cpu", batch_size: int = 500) -> np.ndarray:
+    """Predicted labels int64 ``(n,)`` (1 = positive: the protocol logit ``> 0``) of the reviews in ``part`` (a part of
+    :func:`prepare_reviews`), for a :class:`~attnbook.models.BiGRUClassifier` or any model of
+    :mod:`attnbook.interpret`'s protocol. Leaves the model in eval mode."""
+    view = _view(model).eval()
+    n = len(part["labels"])
+    preds = np.zeros(n, dtype=np.int64)
+    for start in range(0, n, batch_size):
+        index = np.arange(start, min(start + batch_size, n))
+        ids, lengths, _ = masking._batch(part, index, "post")
+        logits, _ = view(ids.to(device), lengths.to(device))
+        preds[index] = (logits > 0).long().cpu().numpy()
+    return preds
+
+
+def accuracy(model: nn.Module, part: dict, device: str | torch.device = "cpu", batch_size: int = 500) -> float:
+    """Share of the reviews in ``part`` whose label :func:`predict` gets right."""
+    return float((predict(model, part, device, batch_size) == part["labels"]).mean())
+
+
+def accuracy_difference(preds_a, preds_b, labels, confidence_level: float = 0.95, seed: int = 0) -> dict:
+    """Accuracy of ``preds_a`` minus that of ``preds_b`` on the same reviews, with a paired bootstrap interval over
+    the reviews (:func:`attnbook.stats.bootstrap_ci` of the per-review differences of correctness, -1, 0 or 1).
+
+    The interval says how much the difference could change with other test reviews drawn from the same population;
+    it says nothing about other training seeds.
+
+    Returns:
+        ``{"acc_a", "acc_b", "difference", "low", "high", "n"}``.
+
+    Raises:
+        ValueError: the three arrays do not have one entry per review each (the message gives the shapes), or there
+            are fewer than 2 reviews.
+    """
+    a, b, y = (np.asarray(v).ravel() for v in (preds_a, preds_b, labels))
+    if not a.shape == b.shape == y.shape:
+        raise ValueError(f"preds_a, preds_b and labels must have the same length, got {a.shape}, {b.shape} and "
+                         f"{y.shape}")
+    if a.size < 2:
+        raise ValueError(f"accuracy_difference needs at least 2 reviews, got {a.size}")
+    d = (a == y).astype(float) - (b == y).astype(float)
+    low, high = bootstrap_ci(d, confidence_level=confidence_level, n_resamples=2000, seed=seed,
+                             method="percentile")
+    return {"acc_a": float((a == y).mean()), "acc_b": float((b == y).mean()), "difference": float(d.mean()),
+            "low": low, "high": high, "n": int(a.size)}
+
+
+def _condition(cfg: ExplanationConfig, uniform: bool) -> dict:
+    """The chapter-5 condition of the classifier: attention pooling with the ``"neg_inf"`` mask, or masked mean
+    pooling (uniform attention); packed input, fp32."""
+    return {"pooling": "mean" if uniform else "attention", "masking": "-" if uniform else "neg_inf",
+            "rnn_input": "packed", "batching": cfg.batching, "precision": "fp32"}
 
 
 def train_classifier(cfg: ExplanationConfig, data: dict, uniform: bool = False, show_progress: bool = True
-                     ) -> tuple[AttentionClassifier, pd.DataFrame]:
-    """Train an :class:`AttentionClassifier` (or its uniform-attention twin) with Adam on binary cross-entropy.
+                     ) -> tuple[BiGRUClassifier, pd.DataFrame]:
+    """Train chapter 5's BiGRU classifier with attention pooling (or, ``uniform=True``, its masked-mean twin) on
+    ``data["train"]`` (:func:`prepare_reviews`) with seed ``cfg.seed``, as :func:`attnbook.experiments.masking.run_one`
+    trains one condition in fp32: seeded, Adam on cross-entropy, :mod:`attnbook.experiments.masking`'s batches.
 
-    Returns the model in eval mode and a DataFrame with one row per epoch: ``epoch``, ``train_loss``,
-    ``test_acc``, ``wall_s`` (cumulative training time).
+    Returns:
+        The model in eval mode and a DataFrame with one row per epoch: ``epoch``, ``train_loss``, ``test_acc``,
+        ``wall_s`` (cumulative training seconds).
+
+    Raises:
+        ValueError: unknown ``cfg.batching`` (from the sampler).
     """
-    torch.manual_seed(cfg.seed)
-    model = AttentionClassifier(len(data["vocab"]), cfg.embed_size, cfg.hidden_size, cfg.attention_size,
-                                uniform=uniform, encoder=cfg.encoder).to(cfg.device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    condition = _condition(cfg, uniform)
+    device = torch.device(cfg.device)
+    seed_everything(cfg.seed)
+    model = BiGRUClassifier(data["vocab_size"], cfg.embed_size, cfg.hidden_size, cfg.attention_size,
+                            pooling=condition["pooling"], masking="neg_inf", packed=True).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     train = data["train"]
+    sampler = masking._sampler(condition["batching"], train["lengths"], cfg.batch_size, cfg.seed)
     rows, wall = [], 0.0
-    epochs = range(1, cfg.epochs + 1)
+    epochs = range(cfg.epochs)
     for epoch in progress(epochs, desc="uniform attention" if uniform else "learned attention") \
             if show_progress else epochs:
         start, losses = time.perf_counter(), []
+        sampler.set_epoch(epoch)
         model.train()
-        perm = torch.randperm(len(train["labels"]), generator=gen)
-        for s in range(0, len(perm), cfg.batch_size):
-            idx = perm[s:s + cfg.batch_size]
-            logits, _ = model(train["ids"][idx].to(cfg.device), train["lengths"][idx].to(cfg.device))
-            loss = F.binary_cross_entropy_with_logits(logits, train["labels"][idx].to(cfg.device))
-            opt.zero_grad(set_to_none=True)
+        for index in sampler:
+            ids, lengths, labels = (t.to(device) for t in masking._batch(train, index, "post"))
+            logits, _ = model(ids, lengths)
+            loss = F.cross_entropy(logits, labels)
+            optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            opt.step()
+            optimizer.step()
             losses.append(loss.item())
         wall += time.perf_counter() - start
-        model.eval()
-        rows.append({"epoch": epoch, "train_loss": float(np.mean(losses)),
-                     "test_acc": accuracy(model, data["test"], cfg.device), "wall_s": wall})
-    return model, pd.DataFrame(rows)
+        rows.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
+                     "test_acc": accuracy(model, data["test"], device, cfg.eval_batch_size), "wall_s": wall})
+    return model.eval(), pd.DataFrame(rows)
 
 
-def explanation_tests(cfg: ExplanationConfig, model: AttentionClassifier, data: dict) -> dict:
+def explanation_tests(cfg: ExplanationConfig, model: nn.Module, data: dict) -> dict:
     """Attention weights against gradient and leave-one-out importance, and the permutation test, on the first
-    ``cfg.n_analyse`` test reviews.
+    ``cfg.n_analyse`` test reviews, for a :class:`~attnbook.models.BiGRUClassifier` with attention pooling (seen
+    through :class:`~attnbook.interpret.BinaryView`) or any model of :mod:`attnbook.interpret`'s protocol.
 
     Returns a dict with ``per_example`` (DataFrame: ``length``, ``prob`` (positive class), ``max_weight``,
     ``tau_grad``, ``tau_loo``, ``tau_grad_loo`` (the two importance measures against each other),
-    ``perm_median_change``) and the raw tensors ``ids``, ``lengths``, ``weights``, ``grad``, ``loo``.
+    ``perm_median_change``) and the raw tensors ``ids`` int64 ``(n, T)``, ``lengths``, ``weights``, ``grad``,
+    ``loo`` (``(n, T)``, T the longest analysed review).
     """
-    model.eval()
-    ids = data["test"]["ids"][: cfg.n_analyse].to(cfg.device)
-    lengths = data["test"]["lengths"][: cfg.n_analyse].to(cfg.device)
+    view = _view(model).eval()
+    test = data["test"]
+    index = np.arange(min(cfg.n_analyse, len(test["labels"])))
+    ids, lengths, _ = masking._batch(test, index, "post")
+    ids, lengths = ids.to(cfg.device), lengths.to(cfg.device)
     with torch.no_grad():
-        logits, weights = model(ids, lengths)
-    grad = gradient_importance(model, ids, lengths).detach()
-    loo = leave_one_out_importance(model, ids, lengths)
-    perm = permutation_effect(model, ids, lengths, cfg.n_permutations, torch.Generator().manual_seed(cfg.seed))
+        logits, weights = view(ids, lengths)
+    grad = gradient_importance(view, ids, lengths).detach()
+    loo = leave_one_out_importance(view, ids, lengths)
+    perm = permutation_effect(view, ids, lengths, cfg.n_permutations, torch.Generator().manual_seed(cfg.seed))
     per_example = pd.DataFrame({
         "length": lengths.cpu().numpy(),
         "prob": torch.sigmoid(logits).cpu().numpy(),
@@ -178,8 +265,9 @@ def explanation_tests(cfg: ExplanationConfig, model: AttentionClassifier, data: 
 ATTENTIONS = ("learned", "uniform")
 
 #: The results store of the command line (:mod:`attnbook.store`): a run is one classifier (``attention``) with one
-#: seed; its history and (learned attention only) its per-review tests go into side tables. The device does not count
-#: as configuration, and ``seeds`` only chooses runs (a run's seed replaces ``seed``).
+#: seed; its history and (learned attention only) its per-review tests go into side tables. The device and the
+#: evaluation batch size do not count as configuration, and ``seeds`` only chooses runs (a run's seed replaces
+#: ``seed``).
 LAYOUT = Layout(
     "attention_explanation", keys=("attention", "seed"),
     columns=("attention", "seed", "n_train", "n_test", "test_acc", "train_loss", "wall_s", "n_analysed",
@@ -187,7 +275,7 @@ LAYOUT = Layout(
     tables={"history": ("epoch", "train_loss", "test_acc", "wall_s", "attention", "seed"),
             "per_example": ("example", "length", "prob", "max_weight", "tau_grad", "tau_loo", "tau_grad_loo",
                             "perm_median_change", "attention", "seed")},
-    not_configuration=("device", "seeds"))
+    not_configuration=("device", "seeds", "eval_batch_size"))
 
 
 def run_one(cfg: ExplanationConfig, data: dict, attention: str, show_progress: bool = True
@@ -252,12 +340,13 @@ def main(argv: list[str] | None = None) -> int:
         return provenance(wall, device=cfg.device, mode=mode)
 
     with store, Session(store, describe) as session:
+        data = None
         for seed in seeds:
             todo = [a for a in ATTENTIONS if not store.has({"attention": a, "seed": seed})]
             if not todo:
                 continue
             run_cfg = replace(cfg, seed=seed)
-            data = prepare_reviews(run_cfg)
+            data = prepare_reviews(run_cfg) if data is None else data  # the split does not depend on the seed
             for attention in todo:
                 row, history, per_example = run_one(run_cfg, data, attention, show_progress=not args.no_progress)
                 store.append(row, {"history": history, "per_example": per_example})

@@ -1,0 +1,297 @@
+"""Why a classifier initialized with standard deviation 200 stays at chance: saturation, or steps too small?
+
+Explained in chapter 3, "Parametric attention" (``chapters/03_parametric_attention``), section "Initialization
+scale". The model is a one-hidden-layer tanh network on MNIST (:mod:`attnbook.data.mnist`), ``784 -> hidden -> 10``,
+whose weights are drawn from ``N(0, std^2)`` (or Xavier's normal initialization, Glorot and Bengio 2010), biases 0.
+
+Two mechanisms can stop it from learning at a large ``std``, and the *arms* of the experiment separate them:
+
+- **saturation**: ``|tanh z| -> 1``, so ``d tanh / dz = 1 - tanh^2 z -> 0`` and the first layer gets no gradient
+  (in float32, ``tanh z`` rounds to exactly 1 for ``|z| > 9``, so the gradient is exactly 0);
+- **step size**: Adam moves every weight by about its learning rate per step whatever the gradient's size
+  (Kingma and Ba 2015, section 2.1), so with weights of size 200 each step changes them by a fraction
+  ``lr / 200`` only, 2,000 times less than at ``std = 0.1``.
+
+An arm is ``(init, optimizer)``: Adam at every ``std`` of the sweep; SGD at the reference and the large ``std``;
+and ``"adam-scaled"``, Adam at the large ``std`` with its learning rate multiplied by ``large_std / reference_std``.
+Adam's step does not depend on the gradient's scale, so that arm changes the weights by the same *fraction* per
+step as Adam at the reference ``std``: what still differs from the reference run is the saturation alone.
+
+Every training step records, before the update, the share of saturated hidden units (``|tanh z| > saturation``)
+and the mean largest softmax probability on the minibatch, and after it the relative update
+``||W_after - W_before|| / ||W_before||`` of each layer. :func:`mechanism_verdict` turns the test accuracies into
+the answer.
+
+Use from Python (the chapter does)::
+
+    cfg = InitScaleConfig.for_mode(get_mode())
+    data = load_data(cfg)
+    summary, steps = run_arms(cfg, data)
+    verdict = mechanism_verdict(summary, cfg)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from scipy import stats
+from torch import nn
+
+from ..data.digits import split_digit_images
+from ..data.mnist import load_mnist_sample
+from ..runtime import ModeConfig
+
+__all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "learning_rate", "load_data", "make_classifier",
+           "train_run", "run_arms", "paired_interval", "mechanism_verdict"]
+
+#: The optimizers of the arms: plain SGD, Adam, and Adam with its learning rate scaled to the weights' size.
+OPTIMIZERS = ("sgd", "adam", "adam-scaled")
+#: The answers of :func:`mechanism_verdict`.
+MECHANISMS = ("both", "step size", "saturation", "neither")
+
+
+@dataclass(frozen=True)
+class InitScaleConfig(ModeConfig):
+    """Initializations, model, training and arms of the experiment (quick: seconds on a 2-core CPU).
+
+    ``stds`` are the standard deviations of the sweep (``"xavier"`` = Xavier's normal initialization), each trained
+    with Adam at ``lr``; ``sgd_lr`` is SGD's learning rate; ``reference_std`` and ``large_std`` are the two
+    initializations of the question (0.1 and 200); ``saturation`` is the threshold on ``|tanh z|``.
+    """
+
+    stds: tuple = (0.1, 1.0, 10.0, 200.0, "xavier")
+    hidden_size: int = 64
+    seeds: int = 3
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-2
+    sgd_lr: float = 0.1
+    reference_std: float = 0.1
+    large_std: float = 200.0
+    saturation: float = 0.99
+    test_fraction: float = 0.25
+    split_seed: int = 0
+
+    @classmethod
+    def quick(cls) -> "InitScaleConfig":
+        """3 seeds of 10 epochs per arm (8 arms, 24 runs of 300 steps on 3,750 training images)."""
+        return cls()
+
+    @classmethod
+    def full(cls) -> "InitScaleConfig":
+        """10 seeds of 40 epochs per arm."""
+        return cls(seeds=10, epochs=40)
+
+
+def arms(cfg: InitScaleConfig) -> list[tuple[object, str]]:
+    """The ``(init, optimizer)`` pairs of the experiment: Adam at every ``cfg.stds``, SGD at ``reference_std`` and
+    ``large_std``, and ``"adam-scaled"`` at ``large_std`` (module docstring)."""
+    out = [(std, "adam") for std in cfg.stds]
+    out += [(cfg.reference_std, "sgd"), (cfg.large_std, "sgd"), (cfg.large_std, "adam-scaled")]
+    return out
+
+
+def learning_rate(cfg: InitScaleConfig, init: object, optimizer: str) -> float:
+    """The learning rate of an arm: ``sgd_lr`` for SGD, ``lr`` for Adam, and ``lr * init / reference_std`` for
+    ``"adam-scaled"`` (so that every Adam step changes the weights by the same fraction as at ``reference_std``).
+
+    Raises:
+        ValueError: unknown ``optimizer``, or ``"adam-scaled"`` with an ``init`` that is not a positive number.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if optimizer == "sgd":
+        return cfg.sgd_lr
+    if optimizer == "adam":
+        return cfg.lr
+    if isinstance(init, str) or not init > 0:
+        raise ValueError(f"'adam-scaled' needs a positive standard deviation as init, got {init!r}")
+    return cfg.lr * float(init) / cfg.reference_std
+
+
+def load_data(cfg: InitScaleConfig) -> dict[str, torch.Tensor]:
+    """MNIST's 5,000-image sample (:func:`attnbook.data.mnist.load_mnist_sample`), split stratified by class and
+    seeded (``cfg.test_fraction``, ``cfg.split_seed``), flattened to 784 pixels and standardized with the training
+    images' mean and standard deviation over all pixels.
+
+    Returns:
+        ``X_train``, ``X_test`` float32 ``(n, 784)``; ``y_train``, ``y_test`` int64 ``(n,)``.
+    """
+    train, test = split_digit_images(load_mnist_sample(), test_fraction=cfg.test_fraction, seed=cfg.split_seed)
+    x_train, x_test = train.images.flatten(1), test.images.flatten(1)
+    mean, std = x_train.mean(), x_train.std()
+    return {"X_train": (x_train - mean) / std, "y_train": train.labels,
+            "X_test": (x_test - mean) / std, "y_test": test.labels}
+
+
+def make_classifier(init: object, seed: int, n_inputs: int = 784, hidden_size: int = 64, n_classes: int = 10
+                    ) -> nn.Sequential:
+    """``Linear(n_inputs, hidden_size) -> Tanh -> Linear(hidden_size, n_classes)``, weights drawn from
+    ``N(0, init^2)`` (``init`` a positive number) or with ``nn.init.xavier_normal_`` (``init = "xavier"``), biases 0,
+    with torch's global seed set to ``seed``.
+
+    Raises:
+        ValueError: ``init`` is neither ``"xavier"`` nor a positive number.
+    """
+    if init != "xavier" and (isinstance(init, str) or not init > 0):
+        raise ValueError(f"init must be 'xavier' or a positive standard deviation, got {init!r}")
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(n_inputs, hidden_size), nn.Tanh(), nn.Linear(hidden_size, n_classes))
+    for layer in (model[0], model[2]):
+        if init == "xavier":
+            nn.init.xavier_normal_(layer.weight)
+        else:
+            nn.init.normal_(layer.weight, 0.0, float(init))
+        nn.init.zeros_(layer.bias)
+    return model
+
+
+def _forward(model: nn.Sequential, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    z = model[0](x)
+    h = torch.tanh(z)
+    return z, h, model[2](h)
+
+
+def train_run(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, seed: int
+              ) -> tuple[dict, pd.DataFrame]:
+    """Train one arm with one seed (a seed fixes the initialization and the minibatch order) and measure it.
+
+    Returns:
+        ``(summary, steps)``. ``summary``: ``init`` (str), ``optimizer``, ``lr``, ``seed``; at initialization on
+        the training set, ``loss at init``, ``pre-activation std``, ``saturated tanh`` (share of ``|tanh z| >
+        cfg.saturation``), ``max softmax prob`` and ``grad/weight (layer 1)``, ``grad/weight (layer 2)`` (gradient
+        norm over weight norm); over training, the median ``relative update (layer 1)`` and ``(layer 2)``; after
+        training, ``saturated tanh (end)`` and ``test accuracy``. ``steps``: one row per training step with
+        ``step``, ``loss``, ``saturated``, ``max_prob`` (on the minibatch, before the update) and
+        ``rel_update_1``, ``rel_update_2`` (``||W_after - W_before|| / ||W_before||``).
+
+    Raises:
+        ValueError: see :func:`learning_rate` and :func:`make_classifier`.
+    """
+    lr = learning_rate(cfg, init, optimizer)
+    model = make_classifier(init, seed, data["X_train"].shape[1], cfg.hidden_size)
+    x_train, y_train = data["X_train"], data["y_train"]
+    z, h, logits = _forward(model, x_train)
+    loss0 = F.cross_entropy(logits, y_train)
+    loss0.backward()
+    w1, w2 = model[0].weight, model[2].weight
+    summary = {"init": str(init), "optimizer": optimizer, "lr": lr, "seed": seed, "loss at init": loss0.item(),
+               "pre-activation std": z.std().item(),
+               "saturated tanh": (h.abs() > cfg.saturation).float().mean().item(),
+               "max softmax prob": torch.softmax(logits, -1).max(-1).values.mean().item(),
+               "grad/weight (layer 1)": (w1.grad.norm() / w1.norm()).item(),
+               "grad/weight (layer 2)": (w2.grad.norm() / w2.norm()).item()}
+    model.zero_grad(set_to_none=True)
+    opt = torch.optim.SGD(model.parameters(), lr=lr) if optimizer == "sgd" else \
+        torch.optim.Adam(model.parameters(), lr=lr)
+    shuffle = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(cfg.epochs):
+        for batch in torch.randperm(len(x_train), generator=shuffle).split(cfg.batch_size):
+            _, h, logits = _forward(model, x_train[batch])
+            loss = F.cross_entropy(logits, y_train[batch])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            before = (w1.detach().clone(), w2.detach().clone())
+            opt.step()
+            with torch.no_grad():
+                rows.append((len(rows) + 1, loss.item(), (h.abs() > cfg.saturation).float().mean().item(),
+                             torch.softmax(logits, -1).max(-1).values.mean().item(),
+                             ((w1 - before[0]).norm() / before[0].norm()).item(),
+                             ((w2 - before[1]).norm() / before[1].norm()).item()))
+    steps = pd.DataFrame(rows, columns=["step", "loss", "saturated", "max_prob", "rel_update_1", "rel_update_2"])
+    with torch.no_grad():
+        _, h, _ = _forward(model, x_train)
+        _, _, test_logits = _forward(model, data["X_test"])
+    summary.update({"relative update (layer 1)": float(steps.rel_update_1.median()),
+                    "relative update (layer 2)": float(steps.rel_update_2.median()),
+                    "saturated tanh (end)": (h.abs() > cfg.saturation).float().mean().item(),
+                    "test accuracy": (test_logits.argmax(-1) == data["y_test"]).float().mean().item()})
+    return summary, steps
+
+
+def run_arms(cfg: InitScaleConfig, data: dict, seeds: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every arm of :func:`arms` with seeds ``0 .. cfg.seeds - 1`` (or ``seeds``), one after the other.
+
+    Returns:
+        ``(summary, steps)``: one row per run (:func:`train_run`'s summary), and every run's steps with ``init``,
+        ``optimizer`` and ``seed`` added.
+    """
+    summaries, all_steps = [], []
+    for init, optimizer in arms(cfg):
+        for seed in range(cfg.seeds if seeds is None else seeds):
+            summary, steps = train_run(cfg, data, init, optimizer, seed)
+            summaries.append(summary)
+            all_steps.append(steps.assign(init=str(init), optimizer=optimizer, seed=seed))
+    return pd.DataFrame(summaries), pd.concat(all_steps, ignore_index=True)
+
+
+def paired_interval(differences, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean of per-seed ``differences`` and its Student-t confidence interval ``(mean, low, high)``.
+
+    With one difference the interval is ``(nan, nan)``; with differences that are all equal it is the point itself.
+
+    Raises:
+        ValueError: ``differences`` is empty or holds NaN, or ``confidence`` is not in (0, 1).
+    """
+    d = np.asarray(differences, dtype=float).ravel()
+    if d.size == 0 or not np.all(np.isfinite(d)):
+        raise ValueError(f"differences must be a non-empty array of finite numbers, got {d.tolist()[:10]}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    mean = float(d.mean())
+    if d.size == 1:
+        return mean, float("nan"), float("nan")
+    sem = float(d.std(ddof=1)) / np.sqrt(d.size)
+    if sem == 0:
+        return mean, mean, mean
+    low, high = stats.t.interval(confidence, d.size - 1, loc=mean, scale=sem)
+    return mean, float(low), float(high)
+
+
+def mechanism_verdict(summary: pd.DataFrame, cfg: InitScaleConfig, confidence: float = 0.95) -> dict:
+    """Which mechanism the test accuracies support, from paired seeds (module docstring).
+
+    Three per-seed differences of test accuracy, each with :func:`paired_interval`:
+
+    - ``step``: Adam with scaled learning rate minus Adam, both at ``large_std`` (what larger steps recover);
+    - ``saturation``: Adam at ``reference_std`` minus Adam scaled at ``large_std`` (what remains with equal relative
+      steps: the saturation);
+    - ``sgd``: SGD at ``reference_std`` minus SGD at ``large_std``.
+
+    A mechanism counts when its interval lies above zero. Returns a dict with ``mechanism`` (one of
+    :data:`MECHANISMS`), ``n_seeds``, and for each difference ``{name}_mean``, ``{name}_low``, ``{name}_high``, plus
+    the mean accuracy of the arms used (``acc_adam_large``, ``acc_scaled_large``, ``acc_adam_reference``,
+    ``acc_sgd_large``, ``acc_sgd_reference``).
+
+    Raises:
+        ValueError: an arm is missing from ``summary``, or the arms do not share their seeds (the message names
+            them).
+    """
+    def acc(init, optimizer) -> pd.Series:
+        part = summary[(summary["init"] == str(init)) & (summary["optimizer"] == optimizer)]
+        if part.empty:
+            raise ValueError(f"summary has no runs of the arm init={init!r}, optimizer={optimizer!r}")
+        return part.set_index("seed")["test accuracy"].sort_index()
+
+    series = {"adam_large": acc(cfg.large_std, "adam"), "scaled_large": acc(cfg.large_std, "adam-scaled"),
+              "adam_reference": acc(cfg.reference_std, "adam"), "sgd_large": acc(cfg.large_std, "sgd"),
+              "sgd_reference": acc(cfg.reference_std, "sgd")}
+    seeds = list(series["adam_large"].index)
+    unpaired = [name for name, s in series.items() if list(s.index) != seeds]
+    if unpaired:
+        raise ValueError(f"the arms {unpaired} do not have the seeds {seeds} of the others")
+    out: dict = {"n_seeds": len(seeds)}
+    out.update({f"acc_{name}": float(s.mean()) for name, s in series.items()})
+    for name, (a, b) in {"step": ("scaled_large", "adam_large"), "saturation": ("adam_reference", "scaled_large"),
+                         "sgd": ("sgd_reference", "sgd_large")}.items():
+        mean, low, high = paired_interval(series[a] - series[b], confidence)
+        out.update({f"{name}_mean": mean, f"{name}_low": low, f"{name}_high": high})
+    step, saturation = out["step_low"] > 0, out["saturation_low"] > 0
+    out["mechanism"] = ("both" if step and saturation else "step size" if step else "saturation" if saturation
+                        else "neither")
+    return out
