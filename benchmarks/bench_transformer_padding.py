@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--note", default="", help="a remark for the record, e.g. the machine's load")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    load_before = os.getloadavg()[0]
     cfg = tp.TransformerPaddingConfig.for_mode(args.mode)
     torch.set_num_threads(1)
     data = tp.prepare_data(cfg)
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"min on one core")
     if args.out is not None:
         record = provenance(wall_time_s=time.perf_counter() - start, device="cpu", threads=1, note=args.note,
+                            cpu_count=os.cpu_count(), load_average=[load_before, os.getloadavg()[0]],
                             config={k: v for k, v in asdict(cfg).items() if k != "extra"}, **result)
         write_provenance(args.out, record)
         print(f"written to {args.out}")

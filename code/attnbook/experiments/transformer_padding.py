@@ -1,6 +1,6 @@
 """The padding experiments of chapter 8: chapter 5's padding questions asked again of a Transformer classifier.
 
-Chapter 8, section "Padding in a Transformer classifier" (``chapters/08_transformer``). One *run* trains one
+Chapter 8, section "Padding in a Transformer classifier" (``chapters/08_self_attention_transformer``). One *run* trains one
 :class:`attnbook.transformer.TransformerClassifier` on chapter 5's IMDB split (the data preparation of
 :mod:`attnbook.experiments.masking`) under one *condition* with one *seed* and measures it. A seed fixes the
 initialization and the data order (the batch sampler's seed), so runs with the same seed are paired across
@@ -126,8 +126,8 @@ class TransformerPaddingConfig(ModeConfig):
     @classmethod
     def full(cls) -> "TransformerPaddingConfig":
         """All reviews (chapter 5's 80/10/10 split) cut to 400 tokens, d_model 64, 2 layers, 4 heads, feed-forward
-        256, batch 64, 1 epoch at learning rate 2e-3, 20 seeds: about six minutes a run on one CPU core
-        (``benchmarks/bench_transformer_padding.py`` times it)."""
+        256, batch 64, 1 epoch at learning rate 2e-3, 20 seeds: five to eight minutes a run on one CPU core of a
+        2-core machine, depending on its load (``benchmarks/bench_transformer_padding.py`` times it)."""
         return cls(n_train=None, n_eval=None, max_len=400, vocab_size=20_000, d_model=64, nhead=4, num_layers=2,
                    dim_feedforward=256, batch_size=64, epochs=1, lr=2e-3, seeds=tuple(range(20)), eval_batch_size=50)
 
