@@ -56,6 +56,7 @@ def test_presets():
     assert (quick.d_model, quick.nhead, quick.num_layers, quick.norm_first, quick.models) == \
         (64, 4, 2, True, ("transformer", "bahdanau"))
     assert (full.n_train, full.max_src_len, full.d_model, full.covered_only) == (None, 50, 256, False)
+    assert quick.baseline_epochs == quick.epochs == 3                       # chapter 4 trains Bahdanau for 3
     assert ex.TranslationConfig.for_mode("full") == full
 
 

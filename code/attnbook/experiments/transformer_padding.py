@@ -1,7 +1,7 @@
 """The padding experiments of chapter 8: chapter 5's padding questions asked again of a Transformer classifier.
 
-Chapter 8, section "Padding in a Transformer classifier" (``chapters/08_self_attention_transformer``). One *run* trains one
-:class:`attnbook.transformer.TransformerClassifier` on chapter 5's IMDB split (the data preparation of
+Chapter 8, section "Padding in a Transformer classifier" (``chapters/08_self_attention_transformer``). One *run*
+trains one :class:`attnbook.transformer.TransformerClassifier` on chapter 5's IMDB split (the data preparation of
 :mod:`attnbook.experiments.masking`) under one *condition* with one *seed* and measures it. A seed fixes the
 initialization and the data order (the batch sampler's seed), so runs with the same seed are paired across
 conditions.
