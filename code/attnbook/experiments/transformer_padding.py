@@ -96,7 +96,7 @@ class TransformerPaddingConfig(ModeConfig):
     """
 
     source: str = "imdb"
-    n_train: int | None = 3_000
+    n_train: int | None = 4_000
     n_eval: int | None = 500
     max_len: int = 128
     vocab_size: int = 5_000
@@ -118,9 +118,9 @@ class TransformerPaddingConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "TransformerPaddingConfig":
-        """3,000 training reviews (500 validation, 500 test) cut to 128 tokens, a small encoder (d_model 32,
+        """4,000 training reviews (500 validation, 500 test) cut to 128 tokens, a small encoder (d_model 32,
         1 layer, 2 heads, feed-forward 64), batch 32, 2 epochs, 3 seeds: a few seconds a run on one core, and
-        about 75% test accuracy with mean pooling."""
+        about 77% test accuracy with mean pooling."""
         return cls()
 
     @classmethod
