@@ -38,6 +38,10 @@ EXPECTED = {
     "glimpse_captioner": ["$e_{ti} = w^\\top \\tanh(W_q h_{t-1} + W_k a_i)$", "$\\alpha_t = \\mathrm{softmax}_i",
                           "$\\hat z_t = \\sum_i \\alpha_{ti}\\, a_i$", "$\\hat z_t = a_{s_t}$", "REINFORCE", "Gumbel",
                           "$h_t = \\mathrm{GRU}([E y_{t-1}; \\hat z_t],\\ h_{t-1})$", "$h_{t-1}$", "CNN"],
+    "transformer_block": ["multi-head self-attention", "key padding mask (True = real token)", "causal mask",
+                          "$j \\leq i$", "cross-attention", "source\npadding mask", "memory", "add & LayerNorm",
+                          "feed-forward $W_2\\, \\mathrm{ReLU}(W_1 x)$", "+ PE(\\mathrm{pos})$", "× N",
+                          "pre-LN: $x \\leftarrow x + \\mathrm{Sublayer}(\\mathrm{LN}(x))$"],
 }
 
 
@@ -53,7 +57,8 @@ def drawn() -> dict[str, tuple[Figure, bytes]]:
 
 def test_every_diagram_is_listed_and_checked():
     assert set(diagrams.DIAGRAMS) == set(EXPECTED) == {
-        "soft_lookup", "bahdanau_luong_steps", "han_pooling", "decomposable_attention", "glimpse_captioner"}
+        "soft_lookup", "bahdanau_luong_steps", "han_pooling", "decomposable_attention", "glimpse_captioner",
+        "transformer_block"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

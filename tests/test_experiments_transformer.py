@@ -30,13 +30,13 @@ TINY = replace(TransformerPaddingConfig.quick(), source="rotten_tomatoes", n_tra
                seeds=(0, 1), eval_batch_size=40)
 KEYS = [*FACTORS, "seed"]
 TIMING = ["train_time_s", "tokens_per_s"]
-REFERENCE = "masked/post/index/first"
-TWO = f"{REFERENCE},none/post/index/first"
+REFERENCE = "masked/post/index/mean"
+TWO = f"{REFERENCE},none/post/index/mean"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def cond(mask="masked", padding="post", positions="index", readout="first"):
+def cond(mask="masked", padding="post", positions="index", readout="mean"):
     return dict(mask=mask, padding=padding, positions=positions, readout=readout)
 
 
@@ -55,9 +55,10 @@ def rows(data):
 # ---------------------------------------------------------------- the grid
 def test_grid_ids_are_unique_and_hold_the_three_comparisons():
     ids = [condition_id(c) for c in conditions()]
-    assert len(ids) == len(set(ids)) == 5 and ids[0] == REFERENCE
-    assert set(ids) == {REFERENCE, "none/post/index/first", "masked/pre/index/first", "masked/pre/first_token/first",
-                        "masked/post/index/mean"}
+    assert len(ids) == len(set(ids)) == 5 and ids[0] == REFERENCE == ex.REFERENCE
+    assert set(ids) == {REFERENCE, "none/post/index/mean", "masked/pre/index/mean", "masked/pre/first_token/mean",
+                        "masked/post/index/first"}
+    assert {c for comp in ex.COMPARISONS for c in (comp.condition, comp.baseline)} == set(ids)
     for c in conditions():
         assert tuple(c) == FACTORS
 
@@ -76,8 +77,11 @@ def test_run_one_refuses_a_bad_condition(condition, message):
 
 def test_presets():
     quick, full = TransformerPaddingConfig.quick(), TransformerPaddingConfig.full()
-    assert (quick.max_len, quick.d_model, quick.num_layers, quick.nhead, len(quick.seeds)) == (128, 32, 2, 4, 3)
-    assert (full.n_train, full.max_len, full.d_model, full.dim_feedforward, full.batch_size) == (None, 400, 64, 256, 64)
+    assert (quick.n_train, quick.max_len, quick.d_model, quick.num_layers, quick.nhead, len(quick.seeds)) == \
+        (4000, 128, 32, 1, 2, 3)
+    assert (full.n_train, full.max_len, full.d_model, full.num_layers, full.nhead, full.dim_feedforward,
+            full.batch_size, full.epochs) == (None, 400, 64, 2, 4, 256, 64, 1)
+    assert quick.dropout == full.dropout == 0.0                           # torch's fused CPU kernel has no dropout
     assert len(full.seeds) == 20 and TransformerPaddingConfig.for_mode("full") == full
 
 
@@ -108,13 +112,13 @@ def test_a_key_padding_mask_gives_pads_no_attention(rows):
     for cid, row in rows.items():
         if cid.startswith("masked/"):
             assert row["pad_mass"] == 0, cid
-    assert rows["none/post/index/first"]["pad_mass"] > 0.01
+    assert rows["none/post/index/mean"]["pad_mass"] > 0.01
 
 
 def test_padding_that_cannot_reach_a_real_token_never_flips_a_prediction(rows):
     """Masked right padding leaves every real token's inputs and positions alone; so does masked left padding with
     positions counted from the first token."""
-    for cid in (REFERENCE, "masked/post/index/mean", "masked/pre/first_token/first"):
+    for cid in (REFERENCE, "masked/post/index/first", "masked/pre/first_token/mean"):
         assert rows[cid]["flip_rate_in"] == 0, cid
 
 
@@ -169,7 +173,7 @@ def test_the_flip_test_compares_no_padding_with_padding_to_max_len(data, monkeyp
 
 def test_same_seed_same_row_and_another_seed_another(rows, data):
     again = run_one(TINY, data, cond(mask="none"), seed=0, device="cpu")
-    first = rows["none/post/index/first"]
+    first = rows["none/post/index/mean"]
     assert {k: v for k, v in again.items() if k not in TIMING} == {k: v for k, v in first.items() if k not in TIMING}
     other = run_one(TINY, data, cond(mask="none"), seed=1, device="cpu")
     assert (other["pad_mass"], other["val_accuracy"]) != (first["pad_mass"], first["val_accuracy"])
@@ -283,3 +287,57 @@ def test_sigterm_records_the_session_and_exits_143(tmp_path, tiny, monkeypatch):
         ex.main(_argv(tmp_path / "t.csv"))
     assert exit_info.value.code == 143
     assert json.loads((tmp_path / "t.json").read_text())["sessions"][-1]["status"] == "interrupted"
+
+
+# ---------------------------------------------------------------- the comparisons
+def _runs(diffs: dict, n_seeds=12, device="CPU (1 threads, x86_64)", base=0.8):
+    """Synthetic runs: every condition of the grid for ``n_seeds`` seeds; condition ``c`` has accuracy
+    ``base + diffs.get(c, 0) + noise(seed)`` (the same noise for every condition of a seed)."""
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.02, n_seeds)
+    rows = []
+    for c in conditions():
+        cid = condition_id(c)
+        for s in range(n_seeds):
+            rows.append({**c, "seed": s, "test_accuracy": base + noise[s] + diffs.get(cid, 0.0) * (1 + 0.1 * s),
+                         "val_accuracy": 0.5, "pad_mass": 0.3 if c["mask"] == "none" else 0.0,
+                         "flip_rate_in": 0.01 * (cid == "masked/pre/index/mean"), "nan_count": 0,
+                         "tokens_per_s": 1000.0, "train_time_s": 1.0, "device": device})
+    return pd.DataFrame(rows)
+
+
+def test_compare_conditions_chooses_the_verdict_from_the_paired_interval():
+    frame = _runs({"none/post/index/mean": -0.02, "masked/pre/index/mean": 0.0, "masked/post/index/first": 0.03})
+    table = ex.compare_conditions(frame, n_resamples=199).set_index("name")
+    assert list(table.index) == [c.name for c in ex.COMPARISONS]
+    assert table.loc["mask", "verdict"] == "higher"                      # masked minus none = +0.02 per seed
+    assert table.loc["mask", "n_better"] == 12 and table.loc["mask", "mean_diff"] > 0
+    assert table.loc["first-token readout", "verdict"] == "higher"
+    assert table.loc["left padding", "verdict"] == "no difference resolved"
+    assert table.loc["left padding", "n_equal"] == 12 and table.loc["left padding", "ci_low"] == 0
+    assert table.loc["mask", "pad_mass_baseline"] == pytest.approx(0.3) and table.loc["mask", "pad_mass_condition"] == 0
+    assert table.loc["left padding", "flip_condition"] == pytest.approx(0.01)
+    assert (table["p_holm"] >= table["p_value"]).all() and (table["n_pairs"] == 12).all()
+    lower = ex.compare_conditions(_runs({"none/post/index/mean": 0.02}), n_resamples=199).set_index("name")
+    assert lower.loc["mask", "verdict"] == "lower"
+
+
+def test_compare_conditions_waits_for_enough_seeds_and_pairs_runs_on_one_kind_of_device():
+    few = _runs({"none/post/index/mean": -0.02}, n_seeds=4)
+    table = ex.compare_conditions(few, n_resamples=199)
+    assert (table["verdict"] == "not yet answered").all() and table["p_holm"].isna().all()
+    assert ex.compare_conditions(few, min_pairs=4, n_resamples=199).set_index("name").loc["mask", "verdict"] == \
+        "higher"
+    one = ex.compare_conditions(few[few.seed == 0], n_resamples=199)
+    assert (one["n_pairs"] == 1).all() and one["mean_diff"].isna().all()
+    gpu = _runs({}, n_seeds=3, device="NVIDIA H100 80GB HBM3")
+    mixed = pd.concat([few, gpu], ignore_index=True)          # the same seeds on a GPU do not pair with CPU runs
+    assert (ex.compare_conditions(mixed, n_resamples=199)["n_pairs"] == 4).all()
+
+
+def test_compare_conditions_errors():
+    frame = _runs({}, n_seeds=3)
+    with pytest.raises(ValueError, match=r"frame lacks the columns \['readout'\]"):
+        ex.compare_conditions(frame.drop(columns="readout"))
+    with pytest.raises(ValueError, match=r"runs occur twice: \[\['masked/post/index/mean', 0\]\]"):
+        ex.compare_conditions(pd.concat([frame, frame.iloc[:1]], ignore_index=True))

@@ -527,6 +527,40 @@ def test_attention_weights_and_the_mass_on_pads():
     assert torch.all(mass > 0)
 
 
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("side", ["post", "pre"])
+def test_the_fused_path_equals_the_explicit_path(masked, side, monkeypatch):
+    """Without attention weights every self-attention calls torch's fused ``F.scaled_dot_product_attention`` with
+    the book's mask (True = takes part, as torch's function reads a bool mask); with ``return_attention=True`` the
+    explicit masked softmax. Same logits in eval mode, and in training mode (no dropout) the same gradients."""
+    calls = []
+    fused_kernel = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("attn_mask"))
+        return fused_kernel(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model = _classifier(masked=masked, padding_side=side)
+    ids, lengths = _padded(7, side)
+    fused, none = model(ids, lengths)
+    assert none is None and len(calls) == 2                               # one call per layer
+    if masked:
+        real = lengths_to_mask(lengths, 7) if side == "post" else lengths_to_mask(lengths, 7).flip(-1)
+        assert all(torch.equal(m[:, 0, 0], real) for m in calls)         # True at real tokens: not negated
+    calls.clear()
+    explicit, weights = model(ids, lengths, return_attention=True)
+    assert not calls and weights.shape == (3, 2, H, 7, 7)
+    torch.testing.assert_close(fused, explicit, **TOL)
+    grads = []
+    for attention in (False, True):
+        model.train().zero_grad()
+        model(ids, lengths, return_attention=attention)[0].square().sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, **TOL)
+
+
 @pytest.mark.parametrize("readout", ["first", "mean"])
 @pytest.mark.parametrize("side", ["post", "pre"])
 def test_readouts_pick_the_first_real_token_or_the_masked_mean(readout, side):

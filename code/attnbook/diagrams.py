@@ -12,7 +12,9 @@ nothing is shown or kept open behind the caller's back):
 - :func:`decomposable_attention`: attend, compare, aggregate with both sides masked (Parikh et al. 2016; chapter 6;
   :class:`attnbook.nli.DecomposableAttention`);
 - :func:`glimpse_captioner`: the digit captioner with soft and hard attention (Xu et al. 2015; chapter 7;
-  :class:`attnbook.hard_attention.DigitCaptioner`).
+  :class:`attnbook.hard_attention.DigitCaptioner`);
+- :func:`transformer_block`: an encoder layer and a decoder layer with their masks (Vaswani et al. 2017; chapter 8;
+  :class:`attnbook.transformer.TransformerEncoderLayer`, :class:`~attnbook.transformer.TransformerDecoderLayer`).
 
 Every diagram is drawn on an opaque, light, rounded panel, so it reads the same in the website's light and dark
 modes, in the book's style (:data:`attnbook.plotting.BOOK_STYLE`). :func:`to_svg` renders a figure to SVG bytes that
@@ -42,7 +44,7 @@ from .masking import masked_softmax
 from .plotting import BOOK_STYLE
 
 __all__ = ["soft_lookup", "bahdanau_luong_steps", "han_pooling", "decomposable_attention", "glimpse_captioner",
-           "to_svg", "DIAGRAMS"]
+           "transformer_block", "to_svg", "DIAGRAMS"]
 
 # ----------------------------------------------------------------------------------------------- palette
 #: Inches per drawing unit: every diagram is laid out on a grid of units, 16 units = 7.2 in = the page width.
@@ -588,6 +590,84 @@ def glimpse_captioner() -> Figure:
         return d.fig
 
 
+def transformer_block() -> Figure:
+    """One encoder layer (left) and one decoder layer (right) of the Transformer, with the masks each attention gets.
+
+    Encoder: embeddings ``sqrt(d) E[token] + PE(position)``; multi-head self-attention (queries, keys and values
+    from the same sequence; key padding mask, True = a real token); residual sum and LayerNorm; the position-wise
+    feed-forward layer ``W_2 ReLU(W_1 x)``; residual sum and LayerNorm; ``N`` such layers give the memory.
+    Decoder: causal self-attention (query ``i`` sees keys ``j <= i``), cross-attention (queries from the decoder,
+    keys and values from the memory, with the source padding mask), the feed-forward layer, each followed by a
+    residual sum and LayerNorm, and the output layer. Post-LN as drawn (Vaswani et al. 2017, figure 1 and section
+    3.1); the note gives pre-LN (Xiong et al. 2020). As :class:`attnbook.transformer.TransformerEncoderLayer` and
+    :class:`~attnbook.transformer.TransformerDecoderLayer`; chapter 8, sections "The encoder layer" and "The
+    decoder layer".
+
+    Returns:
+        The figure (7.2 x 5.2 in).
+    """
+    with mpl.rc_context(BOOK_STYLE):
+        d = _Drawing(16, 11.6)
+        d.ax.plot([7.75, 7.75], [2.3, 8.9], color=PANEL_EDGE, lw=0.8, zorder=1)
+
+        def residual(start_y: float, box: Box, x_side: float) -> None:
+            d.route([(box.x, start_y), (x_side, start_y), (x_side, box.y), box.left if x_side < box.x else box.right],
+                    color=MUTED, lw=0.9)
+
+        # The encoder layer.
+        ex, w = 3.9, 4.4
+        d.text(ex, 10.95, "encoder layer", size=10)
+        src = d.box(ex, 0.95, w, 0.7, "$x = \\sqrt{d}\\, E[\\mathrm{token}] + PE(\\mathrm{pos})$", role="key",
+                    size=SMALL)
+        attn = d.box(ex, 2.55, w, 0.75, "multi-head self-attention\nqueries, keys, values from $x$", role="query",
+                     size=SMALL)
+        d.arrow(src, attn)
+        norm1 = d.box(ex, 3.85, 2.6, 0.55, "add & LayerNorm", size=SMALL)
+        d.arrow(attn, norm1)
+        ff = d.box(ex, 5.2, w, 0.75, "feed-forward $W_2\\, \\mathrm{ReLU}(W_1 x)$\nat every position", role="state",
+                   size=SMALL)
+        d.arrow(norm1, ff)
+        norm2 = d.box(ex, 6.5, 2.6, 0.55, "add & LayerNorm", size=SMALL)
+        d.arrow(ff, norm2)
+        residual(1.8, norm1, ex - w / 2 - 0.35)
+        residual(4.45, norm2, ex - w / 2 - 0.35)
+        d.text(ex + 0.15, 1.75, "key padding mask (True = real token)", size=SMALL, color=MASK_RED, ha="left")
+        d.text(0.55, 4.2, "× N", size=10, color=MUTED, ha="left")
+        memory = d.box(ex, 8.1, 2.6, 0.6, "memory", role="value", size=SMALL)
+        d.arrow(norm2, memory)
+        d.text(ex, 9.6, "post-LN (drawn): $x \\leftarrow \\mathrm{LN}(x + \\mathrm{Sublayer}(x))$\n"
+               "pre-LN: $x \\leftarrow x + \\mathrm{Sublayer}(\\mathrm{LN}(x))$", size=SMALL, color=MUTED)
+        # The decoder layer.
+        dx = 11.7
+        d.text(dx, 10.95, "decoder layer", size=10)
+        tgt = d.box(dx, 0.95, w, 0.7, "$\\sqrt{d}\\, E[y_{<t}] + PE(\\mathrm{pos})$", role="key", size=SMALL)
+        self_attn = d.box(dx, 2.55, w, 0.75, "causal self-attention\nquery $i$ sees keys $j \\leq i$", role="query",
+                          size=SMALL)
+        d.arrow(tgt, self_attn)
+        n1 = d.box(dx, 3.85, 2.6, 0.55, "add & LayerNorm", size=SMALL)
+        d.arrow(self_attn, n1)
+        cross = d.box(dx, 5.2, w, 0.75, "cross-attention: queries from the\ndecoder, keys and values: memory",
+                      role="value", size=SMALL)
+        d.arrow(n1, cross)
+        n2 = d.box(dx, 6.5, 2.6, 0.55, "add & LayerNorm", size=SMALL)
+        d.arrow(cross, n2)
+        ff2 = d.box(dx, 7.65, w, 0.6, "feed-forward $W_2\\, \\mathrm{ReLU}(W_1 x)$", role="state", size=SMALL)
+        d.arrow(n2, ff2)
+        n3 = d.box(dx, 8.75, 2.6, 0.55, "add & LayerNorm", size=SMALL)
+        d.arrow(ff2, n3)
+        out = d.box(dx, 9.85, w, 0.6, "$p(y_t) = \\mathrm{softmax}(W_o h_t)$", role="output", size=SMALL)
+        d.arrow(n3, out)
+        side = dx + w / 2 + 0.35
+        residual(1.8, n1, side)
+        residual(4.45, n2, side)
+        residual(7.1, n3, side)
+        d.text(15.45, 4.9, "× N", size=10, color=MUTED, ha="right")
+        d.route([memory.right, (7.75, 8.1), (7.75, 5.2), cross.left], color=ROLES["value"][1], lw=1.3)
+        d.text(8.65, 4.55, "source\npadding mask", size=SMALL, color=MASK_RED)
+        d.text(dx - 0.15, 1.75, "causal mask", size=SMALL, color=MASK_RED, ha="right")
+        return d.fig
+
+
 #: The diagram functions by name (for tests and for regenerating all of them).
 DIAGRAMS = {f.__name__: f for f in (soft_lookup, bahdanau_luong_steps, han_pooling, decomposable_attention,
-                                     glimpse_captioner)}
+                                     glimpse_captioner, transformer_block)}

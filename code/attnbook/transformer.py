@@ -1,7 +1,7 @@
 """Self-attention and the Transformer: positional encodings, encoder and decoder layers, a translation model and an
 encoder classifier.
 
-Explained in chapter 8, "Self-attention and the Transformer" (``chapters/08_transformer``). The pieces:
+Explained in chapter 8, "Self-attention and the Transformer" (``chapters/08_self_attention_transformer``). The pieces:
 
 - positions (section "Positional encodings"): the sinusoidal encoding of Vaswani et al. (2017, section 3.5),
   learned absolute positions, and rotary position embeddings (RoPE, Su et al. 2021), which rotate the queries and
@@ -509,8 +509,8 @@ class TransformerEncoderLayer(_Layer):
             missing for a rotary one.
         TypeError: a non-float ``src``, a non-bool mask, non-integer positions or sizes.
 
-    Vaswani et al. (2017), sections 3.1-3.3 and 5.4. Chapter 8, sections "The encoder layer" and "Post-LN and
-    pre-LN".
+    Vaswani et al. (2017), sections 3.1-3.3 and 5.4; Xiong et al. (2020) for ``norm_first=True``. Chapter 8,
+    section "The encoder layer" (post-LN and pre-LN).
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,

@@ -1,7 +1,7 @@
 """The padding experiments of chapter 8: chapter 5's padding questions asked again of a Transformer classifier.
 
-Chapter 8, section "Padding in a Transformer classifier" (``chapters/08_transformer``). One *run* trains one
-:class:`attnbook.transformer.TransformerClassifier` on chapter 5's IMDB split (the data preparation of
+Chapter 8, section "Padding in a Transformer classifier" (``chapters/08_self_attention_transformer``). One *run*
+trains one :class:`attnbook.transformer.TransformerClassifier` on chapter 5's IMDB split (the data preparation of
 :mod:`attnbook.experiments.masking`) under one *condition* with one *seed* and measures it. A seed fixes the
 initialization and the data order (the batch sampler's seed), so runs with the same seed are paired across
 conditions.
@@ -14,22 +14,25 @@ A condition is a dict of four factors:
 - ``positions``: ``"index"`` (absolute positions = the array index, whatever the padding) or ``"first_token"``
   (counted from the first real token, :func:`attnbook.transformer.positions_from_mask`: the fix that generation
   libraries apply to left-padded batches);
-- ``readout``: ``"first"`` (the encoder's output at the first real token; there is no ``[CLS]`` token) or ``"mean"``
-  (masked mean pooling over the real tokens).
+- ``readout``: ``"mean"`` (masked mean pooling over the real tokens) or ``"first"`` (the encoder's output at the
+  first real token; there is no ``[CLS]`` token).
 
-The grid (:func:`conditions`) holds the five conditions that three comparisons need, each against the reference
-``masked/post/index/first``:
+The grid (:func:`conditions`) holds the five conditions that the comparisons of :data:`COMPARISONS` need, each
+against the reference ``masked/post/index/mean``:
 
-- the key padding mask against none (right padding, index positions, first-token readout): ``none/post/index/first``;
-- right against left padding, both masked, index positions: ``masked/pre/index/first``; and left padding with the
-  positions counted from the first token: ``masked/pre/first_token/first``;
-- a first-token readout against masked mean pooling (masked, right padding): ``masked/post/index/mean``.
+- the key padding mask against none (right padding, index positions, mean readout): ``none/post/index/mean``;
+- left against right padding, both masked, index positions: ``masked/pre/index/mean``; and left padding with the
+  positions counted from the first token: ``masked/pre/first_token/mean``;
+- a first-token readout against masked mean pooling (masked, right padding): ``masked/post/index/first``.
+
+:func:`compare_conditions` turns runs (live or stored) into one row per comparison, with the paired statistics of
+:mod:`attnbook.stats` and a verdict word chosen from the data (:func:`attnbook.experiments.masking_report.verdict`).
 
 From the command line (resumable: finished runs in ``--out`` are skipped, each finished run is appended at once)::
 
     python -m attnbook.experiments.transformer_padding --mode full --out results/transformer_padding_full.csv
     python -m attnbook.experiments.transformer_padding --mode quick --workers 2 --seeds 3 --out results/tp.csv
-    python -m attnbook.experiments.transformer_padding --only masked/post/index/first,none/post/index/first
+    python -m attnbook.experiments.transformer_padding --only masked/post/index/mean,none/post/index/mean
 
 ``--out`` is a results store (:mod:`attnbook.store`, the same as chapter 5's): one row per finished run, written
 whole and fsynced; a damaged last line is set aside and its run made again; the header and the configuration are
@@ -47,6 +50,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -57,13 +61,16 @@ from ..batching import RandomBatchSampler
 from ..models import padding_mask
 from ..provenance import provenance
 from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, run_tasks, seed_everything
+from ..stats import compare_paired, holm
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 from ..transformer import TransformerClassifier, pad_attention_mass
 from . import masking as _masking
 from .masking import _batch, _exact_length_batches, _writable
+from .masking_report import MIN_PAIRS, device_kind, verdict
 
 __all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid",
-           "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS"]
+           "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS", "REFERENCE", "Comparison",
+           "COMPARISONS", "compare_conditions"]
 
 #: The factors of a condition, in the order of :func:`condition_id`.
 FACTORS = ("mask", "padding", "positions", "readout")
@@ -75,26 +82,31 @@ _KEYS = (*FACTORS, "seed")
 
 @dataclass(frozen=True)
 class TransformerPaddingConfig(ModeConfig):
-    """Data, model and training of the Transformer padding experiments (quick: one busy CPU core; full: a GPU or a
-    few minutes a run on one core).
+    """Data, model and training of the Transformer padding experiments (quick: one busy CPU core; full: a few
+    minutes a run on one CPU core, or a GPU).
 
     Sizes are in reviews and tokens; ``None`` means all of the split. The data fields (``source`` to
     ``normalize_apostrophes``) are those of :class:`attnbook.experiments.masking.MaskingConfig` and mean the same:
     :func:`prepare_data` is chapter 5's. ``lr`` is Adam's learning rate; ``dropout`` the encoder's.
+
+    Both presets train without dropout: on a CPU, torch's fused attention kernel has no dropout, so attention dropout
+    in training sends every self-attention to torch's unfused path (its own softmax and a Bernoulli mask per
+    weight), which made a full-size training step about four times slower; one or two epochs of a small encoder do
+    not need it.
     """
 
     source: str = "imdb"
-    n_train: int | None = 400
-    n_eval: int | None = 200
+    n_train: int | None = 4_000
+    n_eval: int | None = 500
     max_len: int = 128
     vocab_size: int = 5_000
     d_model: int = 32
-    nhead: int = 4
-    num_layers: int = 2
+    nhead: int = 2
+    num_layers: int = 1
     dim_feedforward: int = 64
-    dropout: float = 0.1
+    dropout: float = 0.0
     positional: str = "sinusoidal"
-    batch_size: int = 50
+    batch_size: int = 32
     epochs: int = 2
     lr: float = 3e-3
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -106,30 +118,137 @@ class TransformerPaddingConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "TransformerPaddingConfig":
-        """400 training reviews (200 validation, 200 test) cut to 128 tokens, a small encoder (d_model 32,
-        2 layers, 4 heads, feed-forward 64), batch 50, 2 epochs, 3 seeds."""
+        """4,000 training reviews (500 validation, 500 test) cut to 128 tokens, a small encoder (d_model 32,
+        1 layer, 2 heads, feed-forward 64), batch 32, 2 epochs, 3 seeds: a few seconds a run on one core, and
+        about 77% test accuracy with mean pooling."""
         return cls()
 
     @classmethod
     def full(cls) -> "TransformerPaddingConfig":
         """All reviews (chapter 5's 80/10/10 split) cut to 400 tokens, d_model 64, 2 layers, 4 heads, feed-forward
-        256, batch 64, 2 epochs at learning rate 1e-3, 20 seeds."""
-        return cls(n_train=None, n_eval=None, max_len=400, vocab_size=20_000, d_model=64, dim_feedforward=256,
-                   batch_size=64, epochs=2, lr=1e-3, seeds=tuple(range(20)), eval_batch_size=50)
+        256, batch 64, 1 epoch at learning rate 2e-3, 20 seeds: five to eight minutes a run on one CPU core of a
+        2-core machine, depending on its load (``benchmarks/bench_transformer_padding.py`` times it)."""
+        return cls(n_train=None, n_eval=None, max_len=400, vocab_size=20_000, d_model=64, nhead=4, num_layers=2,
+                   dim_feedforward=256, batch_size=64, epochs=1, lr=2e-3, seeds=tuple(range(20)), eval_batch_size=50)
 
 
 def conditions() -> list[dict]:
     """The five conditions of the grid (see the module docstring), as dicts with the keys of :data:`FACTORS`; the
-    reference ``masked/post/index/first`` comes first."""
-    def c(mask="masked", padding="post", positions="index", readout="first"):
+    reference ``masked/post/index/mean`` comes first."""
+    def c(mask="masked", padding="post", positions="index", readout="mean"):
         return dict(mask=mask, padding=padding, positions=positions, readout=readout)
 
-    return [c(), c(mask="none"), c(padding="pre"), c(padding="pre", positions="first_token"), c(readout="mean")]
+    return [c(), c(mask="none"), c(padding="pre"), c(padding="pre", positions="first_token"), c(readout="first")]
 
 
 def condition_id(condition: dict) -> str:
-    """A readable key such as ``"masked/pre/first_token/first"`` (mask/padding/positions/readout)."""
+    """A readable key such as ``"masked/pre/first_token/mean"`` (mask/padding/positions/readout)."""
     return "/".join(str(condition[k]) for k in FACTORS)
+
+
+#: The reference condition: masked, right padding, index positions, masked mean pooling.
+REFERENCE = "masked/post/index/mean"
+
+
+class Comparison(NamedTuple):
+    """One paired comparison of :func:`compare_conditions`: ``condition`` against ``baseline`` (both
+    :func:`condition_id` keys), over the seeds that ran both."""
+
+    name: str
+    question: str
+    condition: str
+    baseline: str
+
+
+#: The comparisons of chapter 8 (issue 20): the mask, left padding, the position fix (against left padding with
+#: index positions, and against right padding, whose function it computes), and the readout.
+COMPARISONS = (
+    Comparison("mask", "key padding mask against none (right padding)", REFERENCE, "none/post/index/mean"),
+    Comparison("left padding", "left against right padding, both masked, index positions",
+               "masked/pre/index/mean", REFERENCE),
+    Comparison("position fix", "left padding: positions from the first token against index positions",
+               "masked/pre/first_token/mean", "masked/pre/index/mean"),
+    Comparison("fixed left padding", "left padding with positions from the first token against right padding",
+               "masked/pre/first_token/mean", REFERENCE),
+    Comparison("first-token readout", "first-token readout against masked mean pooling (masked, right padding)",
+               "masked/post/index/first", REFERENCE),
+)
+
+#: Per-side means reported by :func:`compare_conditions` (name in the table: column of a run).
+_SIDES = {"pad_mass": "pad_mass", "flip": "flip_rate_in", "tokens_per_s": "tokens_per_s"}
+
+
+def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] = COMPARISONS, *,
+                       value: str = "test_accuracy", min_pairs: int = MIN_PAIRS, n_resamples: int = 9999,
+                       seed: int = 0) -> pd.DataFrame:
+    """One row per comparison: the paired change in ``value``, its statistics and a verdict word chosen from them.
+
+    Args:
+        frame: runs, one row each, with the columns of :data:`LAYOUT` (a live :func:`run_grid` result or a stored
+            ``results/transformer_padding_full.csv`` read with pandas). Runs pair only with runs on the same kind
+            of device (``device`` column: CPU or GPU); each comparison uses the kind with more paired seeds.
+        comparisons: the comparisons (default :data:`COMPARISONS`).
+        value: the compared result (accuracy is a fraction: a difference of 0.003 is 0.3 points).
+        min_pairs: paired seeds needed for a verdict (10 for the stored runs, as chapter 5; a live quick run passes
+            its number of seeds).
+        n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
+
+    Returns:
+        Columns ``name, question, condition, baseline, n_pairs, mean_baseline, mean_condition, mean_diff, ci_low,
+        ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial, verdict`` and, for each side
+        (``_condition``, ``_baseline``), the means over the paired seeds of ``pad_mass``, ``flip`` (the flip rate
+        inside the training distribution) and ``tokens_per_s``. ``verdict`` is
+        :func:`attnbook.experiments.masking_report.verdict`: ``"higher"``, ``"lower"``, ``"no difference
+        resolved"`` (the bootstrap 95% interval includes 0) or ``"not yet answered"`` (fewer than ``min_pairs``
+        seeds). Holm's correction runs over the answered rows; a comparison with fewer than 2 paired seeds has NaN
+        statistics.
+
+    Raises:
+        ValueError: ``frame`` lacks a factor, ``seed`` or ``value`` column, or a (condition, seed) run occurs twice
+            on one kind of device.
+
+    Chapter 8, section "Padding in a Transformer classifier"; the statistics are chapter 5's (section "Statistics
+    for paired seeds").
+    """
+    missing = sorted({*FACTORS, "seed", value} - set(frame.columns))
+    if missing:
+        raise ValueError(f"frame lacks the columns {missing}")
+    frame = frame.assign(condition=frame.apply(condition_id, axis=1) if len(frame) else pd.Series(dtype=str),
+                         device_kind=[device_kind(d) for d in frame["device"]] if "device" in frame else "cpu")
+    twice = frame.duplicated(["condition", "seed", "device_kind"])
+    if twice.any():
+        raise ValueError(f"runs occur twice: {frame.loc[twice, ['condition', 'seed']].values.tolist()[:5]}")
+    rows = []
+    for comp in comparisons:
+        runs = frame.iloc[:0]
+        for kind in ("gpu", "cpu"):
+            both = frame[frame.condition.isin([comp.condition, comp.baseline]) & (frame.device_kind == kind)]
+            complete = both.groupby("seed").condition.nunique()
+            both = both[both.seed.isin(complete[complete == 2].index)]
+            if both.seed.nunique() > runs.seed.nunique():
+                runs = both
+        n = runs.seed.nunique()
+        row = {**comp._asdict(), "n_pairs": n}
+        stats = dict.fromkeys(["mean_baseline", "mean_condition", "mean_diff", "ci_low", "ci_high", "p_value",
+                               "rank_biserial"], np.nan)
+        stats.update(n_better=0, n_worse=0, n_equal=0)
+        if n >= 2:
+            table = compare_paired(runs, value=value, condition="condition", baseline=comp.baseline,
+                                   comparisons=[comp.condition], n_resamples=n_resamples, seed=seed).iloc[0]
+            stats = {k: table[k] for k in stats}
+        row.update(stats)
+        for key, column in _SIDES.items():
+            for side in ("condition", "baseline"):
+                values = runs.loc[runs.condition == getattr(comp, side), column] if column in runs else pd.Series()
+                row[f"{key}_{side}"] = float(values.mean()) if values.notna().any() else np.nan
+        row["verdict"] = verdict(n, row["ci_low"], row["ci_high"], min_pairs)
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["p_holm"] = np.nan
+    answered = out.verdict != "not yet answered"
+    if answered.any():
+        out.loc[answered, "p_holm"] = holm(out.loc[answered, "p_value"].to_numpy())
+    return out
 
 
 def prepare_data(cfg: TransformerPaddingConfig) -> dict:
@@ -366,7 +485,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                         help="number of seeds (0..N-1); default: the mode's")
     parser.add_argument("--source", choices=("imdb", "rotten_tomatoes"), default=None)
     parser.add_argument("--only", default=None,
-                        help="comma-separated condition ids to run, e.g. masked/post/index/first,none/post/index/first")
+                        help="comma-separated condition ids to run, e.g. masked/post/index/mean,none/post/index/mean")
     parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
     parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
