@@ -114,7 +114,7 @@ def test_seeds_are_runs_and_more_can_be_added(tmp_path, tiny):
     assert none.valid_loss.nunique() == 3                                      # seeded differently
     record = json.loads(out.with_suffix(".json").read_text())
     assert [s["status"] for s in record["sessions"]] == ["finished", "finished"]
-    assert record["config"]["luong_scaled"] is True and record["config"]["lr_schedule"] == "linear"
+    assert record["config"]["luong_scaled"] is True and record["config"]["lr_schedule"] == "constant"
 
 
 @pytest.mark.parametrize("argv,message", [
