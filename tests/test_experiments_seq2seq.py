@@ -1,6 +1,6 @@
-"""The command line of chapter 4's translation experiment as a results store (attnbook.store): a run is one model,
-stored with its per-length rows and its history as soon as it is evaluated; killed, cut or refused runs.
-The CLI's basic output is tested in tests/test_translation.py."""
+"""The command line of chapter 4's translation experiment as a results store (attnbook.store): a run is one model
+with one seed, stored with its per-length rows and its history as soon as it is evaluated; killed, cut or refused
+runs; seeds added later. The CLI's basic output is tested in tests/test_translation.py."""
 
 import json
 import os
@@ -35,7 +35,7 @@ def tiny(monkeypatch):
 
     def cached(cfg):
         key = (cfg.max_src_len, cfg.max_tgt_len, cfg.n_train, cfg.n_valid, cfg.n_test, cfg.min_freq,
-               cfg.max_src_vocab, cfg.max_tgt_vocab, cfg.covered_only, cfg.seed)
+               cfg.max_src_vocab, cfg.max_tgt_vocab, cfg.covered_only, cfg.split_seed)
         if key not in _DATA:
             _DATA[key] = real(cfg)
         return _DATA[key]
@@ -47,13 +47,14 @@ def _argv(out, *more):
     return ["--mode", "quick", "--out", str(out), "--device", "cpu", *more]
 
 
-def _check_side_tables(out, models):
-    """Every model's side rows are there exactly once."""
+def _check_side_tables(out, models, seeds=(0,)):
+    """Every run's side rows are there exactly once."""
     by_length = pd.read_csv(out.with_name(out.stem + "_by_length.csv"))
     history = pd.read_csv(out.with_name(out.stem + "_history.csv"))
-    assert by_length.groupby("model").size().to_dict() == {m: N_BUCKETS for m in models}
-    assert not by_length.duplicated(["model", "length"]).any()
-    assert history.groupby("model").size().to_dict() == {m: TINY.epochs for m in models}
+    runs = {(m, s) for m in models for s in seeds}
+    assert by_length.groupby(["model", "seed"]).size().to_dict() == {r: N_BUCKETS for r in runs}
+    assert not by_length.duplicated(["model", "seed", "length"]).any()
+    assert history.groupby(["model", "seed"]).size().to_dict() == {r: TINY.epochs for r in runs}
 
 
 def test_a_killed_run_resumes_without_losing_or_doubling_a_model(tmp_path, tiny):
@@ -61,7 +62,7 @@ def test_a_killed_run_resumes_without_losing_or_doubling_a_model(tmp_path, tiny)
     code, before = kill_after_rows("attnbook.experiments.seq2seq", TINY, _argv(out), out, rows=2)
     assert code == -signal.SIGKILL
     ex.main(_argv(out))
-    frame = check_resumed(out, before, ["model"], expected=len(MODEL_KINDS))
+    frame = check_resumed(out, before, ["model", "seed"], expected=len(MODEL_KINDS))
     assert sorted(frame.model) == sorted(MODEL_KINDS)
     _check_side_tables(out, MODEL_KINDS)
     sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
@@ -78,7 +79,7 @@ def test_a_cut_last_row_is_set_aside_and_its_model_retrained(tmp_path, tiny, cap
     ex.main(_argv(out, "--models", *models))
     err = capsys.readouterr().err
     assert "set aside a damaged last line" in err and "dropped" in err     # bahdanau's side rows go, then return
-    frame = check_resumed(out, before, ["model"], expected=2)
+    frame = check_resumed(out, before, ["model", "seed"], expected=2)
     _check_side_tables(out, models)
     columns = ["model", "parameters", "valid_loss", "token_acc", "bleu_greedy", "bleu_beam"]
     pd.testing.assert_frame_equal(frame[columns], whole[columns])       # seeded: the same model, retrained
@@ -95,10 +96,33 @@ def test_models_and_threads_choose_runs_without_changing_the_configuration(tmp_p
         ex.main(_argv(out, "--models", "none", "--epochs", "2"))
 
 
+def test_seeds_are_runs_and_more_can_be_added(tmp_path, tiny):
+    """The chapter's stored comparison: several models at several seeds, BLEU per length bucket for every run; a
+    later call with more seeds trains only the new runs, and a seed is a different model, not a copy."""
+    out = tmp_path / "s.csv"
+    ex.main(_argv(out, "--models", "none", "bahdanau", "--seeds", "2"))
+    first = pd.read_csv(out)
+    assert list(zip(first.model, first.seed)) == [("none", 0), ("bahdanau", 0), ("none", 1), ("bahdanau", 1)]
+    ex.main(_argv(out, "--models", "none", "bahdanau", "--seeds", "3", "--workers", "2"))
+    frame = pd.read_csv(out)
+    pd.testing.assert_frame_equal(frame.iloc[:4], first)                       # the stored runs stay as they were
+    assert sorted(zip(frame.model, frame.seed)) == sorted((m, s) for m in ("none", "bahdanau") for s in range(3))
+    _check_side_tables(out, ["none", "bahdanau"], seeds=range(3))
+    by_length = pd.read_csv(out.with_name("s_by_length.csv"))
+    assert by_length.length.unique().tolist()[-1] == f"{TINY.length_edges[-1] + 1}+"   # the longest sentences
+    none = frame[frame.model == "none"].set_index("seed")
+    assert none.valid_loss.nunique() == 3                                      # seeded differently
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert [s["status"] for s in record["sessions"]] == ["finished", "finished"]
+    assert record["config"]["luong_scaled"] is True and record["config"]["lr_schedule"] == "constant"
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--epochs", "0"], "argument --epochs: must be an integer >= 1, got '0'"),
     (["--n-train", "-5"], "argument --n-train: must be an integer >= 1, got '-5'"),
     (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
+    (["--seeds", "0"], "argument --seeds: must be an integer >= 1, got '0'"),
+    (["--threads", "0"], "argument --threads: must be an integer >= 1, got '0'"),
     (["--device", "gpu"], "argument --device: 'gpu' is not a torch device"),
     (["--out", "s.json"], "argument --out: must name a .csv file"),
 ])

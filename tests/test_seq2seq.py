@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnbook.attention import AdditiveAttention, DotProductAttention
@@ -22,10 +23,10 @@ KINDS = list(MODEL_KINDS)
 SRC_V, TGT_V = 11, 9
 
 
-def _model(kind, seed=0, src_v=SRC_V, tgt_v=TGT_V, embed=6, hidden=8, scale=2.0):
+def _model(kind, seed=0, src_v=SRC_V, tgt_v=TGT_V, embed=6, hidden=8, scale=2.0, scaled=True):
     """A small random fp64 model; weights scaled up so that the outputs are far from uniform (no near-ties)."""
     torch.manual_seed(seed)
-    model = make_seq2seq(kind, src_v, tgt_v, embed_size=embed, hidden_size=hidden).double()
+    model = make_seq2seq(kind, src_v, tgt_v, embed_size=embed, hidden_size=hidden, scaled=scaled).double()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(scale)
@@ -128,9 +129,11 @@ def test_bahdanau_step_equals_the_equations():
     torch.testing.assert_close(logits, dec.out(s))
 
 
+@pytest.mark.parametrize("scaled", [True, False], ids=["scaled", "unscaled"])
 @pytest.mark.parametrize("kind", ["luong-dot", "luong-general", "luong-general-context"])
-def test_luong_step_equals_the_equations(kind):
-    model = _model(kind)
+def test_luong_step_equals_the_equations(kind, scaled):
+    """Luong et al. (2015) eq. 5, 7, 8 with input feeding, by hand; the scores divided by sqrt(d) when scaled."""
+    model = _model(kind, scaled=scaled)
     dec = model.decoder
     enc, y = _step_inputs(model)
     feed = torch.randn(3, dec.feed_size, dtype=torch.float64)
@@ -138,14 +141,44 @@ def test_luong_step_equals_the_equations(kind):
     logits, state, weights = dec.step(y, state0, enc.memory, enc.mask)
     h = dec.cell(torch.cat([dec.embedding(y), feed], -1), enc.state.hidden)            # input feeding
     keys = enc.memory if kind == "luong-dot" else dec.attention.W_a(enc.memory)
-    score = torch.einsum("bd,bsd->bs", h, keys).masked_fill(~enc.mask[:, 0], -math.inf)
-    alpha = torch.softmax(score, -1)
+    d = h.shape[-1]
+    score = torch.einsum("bd,bsd->bs", h, keys) / (math.sqrt(d) if scaled else 1.0)
+    alpha = torch.softmax(score.masked_fill(~enc.mask[:, 0], -math.inf), -1)
     c = torch.einsum("bs,bsd->bd", alpha, enc.memory)
     h_tilde = c if kind == "luong-general-context" else torch.tanh(dec.W_c(torch.cat([c, h], -1)))
     torch.testing.assert_close(weights, alpha)
     torch.testing.assert_close(state.feed, h_tilde)
     torch.testing.assert_close(logits, dec.out(h_tilde))
     assert (dec.W_c is None) == (kind == "luong-general-context")
+    assert dec.attention.scaled is scaled
+
+
+@pytest.mark.parametrize("kind", ["luong-dot", "luong-general"])
+def test_scaled_luong_context_equals_torch_sdpa(kind):
+    """The context of a scaled Luong step is torch's fused attention with its default scale 1/sqrt(d), and the
+    unscaled one is the same call with scale=1 (SDPA's bool mask also means True = takes part)."""
+    for scaled, sdpa_scale in ((True, None), (False, 1.0)):
+        model = _model(kind, scaled=scaled)
+        dec = model.decoder
+        enc, y = _step_inputs(model)
+        _, state, _ = dec.step(y, enc.state, enc.memory, enc.mask)
+        h = dec.cell(torch.cat([dec.embedding(y), enc.state.feed], -1), enc.state.hidden)
+        keys = enc.memory if kind == "luong-dot" else dec.attention.W_a(enc.memory)
+        c = F.scaled_dot_product_attention(h[:, None, :], keys, enc.memory, attn_mask=enc.mask,
+                                           scale=sdpa_scale)[:, 0]
+        torch.testing.assert_close(state.feed, torch.tanh(dec.W_c(torch.cat([c, h], -1))))
+
+
+def test_unscaled_scores_are_sqrt_d_times_the_scaled_ones():
+    """Same weights, scaled=True or False: the unscaled weights are the softmax of sqrt(d) x the scaled scores."""
+    hidden = 8
+    scaled, unscaled = _model("luong-general", hidden=hidden), _model("luong-general", hidden=hidden, scaled=False)
+    enc, y = _step_inputs(scaled)
+    _, _, w_scaled = scaled.decoder.step(y, enc.state, enc.memory, enc.mask)
+    _, _, w_unscaled = unscaled.decoder.step(y, enc.state, enc.memory, enc.mask)
+    logw = torch.log(w_scaled).masked_fill(~enc.mask[:, 0], -math.inf)     # scaled scores up to a constant per row
+    torch.testing.assert_close(w_unscaled, torch.softmax(math.sqrt(hidden) * logw, -1))
+    assert make_seq2seq("luong-dot", 5, 5, hidden_size=hidden).decoder.attention.scaled is True    # the default
 
 
 def test_teacher_forcing_equals_stepping():
@@ -230,6 +263,8 @@ def test_make_seq2seq_errors():
         make_seq2seq("transformer", 5, 5)
     with pytest.raises(ValueError, match="hidden_size must be even .* got 7"):
         make_seq2seq("none", 5, 5, hidden_size=7)
+    with pytest.raises(TypeError, match="scaled must be a bool, got str 'yes'"):
+        make_seq2seq("luong-dot", 5, 5, scaled="yes")
 
 
 def test_decoder_constructor_errors():

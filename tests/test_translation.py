@@ -3,8 +3,10 @@ the split, batching, BLEU and the CLI (chapter 4)."""
 
 import importlib.util
 import json
+import math
 import urllib.error
 import urllib.request
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -17,6 +19,7 @@ from attnbook.data.translation import load_tatoeba, prepare_translation, split_b
 from attnbook.experiments import seq2seq as experiment
 from attnbook.experiments.seq2seq import (Seq2SeqConfig, corpus_bleu, held_out_sources, length_bucket,
                                           make_batches)
+from attnbook.seq2seq import make_seq2seq
 from attnbook.text import BOS_ID, EOS_ID, PAD_ID, tokenize
 
 
@@ -155,26 +158,114 @@ def test_test_sources_keep_all_references(small):
 def test_configs():
     quick, full = Seq2SeqConfig.quick(), Seq2SeqConfig.full()
     assert full.n_train is None and full.hidden_size == 1000 and full.embed_size == 620 and full.batch_size == 80
+    assert full.seeds == (0, 1, 2) and full.length_edges[-1] == 30 and full.max_src_len == 50
     assert quick.beam_size == full.beam_size == 4
+    # issue 17's quick settings
+    assert (quick.n_train, quick.embed_size, quick.hidden_size, quick.batch_size, quick.lr, quick.clip,
+            quick.epochs, quick.lr_schedule, quick.luong_scaled) == (35_000, 64, 128, 64, 5e-3, 1.0, 2, "constant",
+                                                                       True)
     assert Seq2SeqConfig.for_mode("quick") == quick
     with pytest.raises(ValueError, match="mode must be 'quick' or 'full', got 'fast'"):
         Seq2SeqConfig.for_mode("fast")
+    with pytest.raises(ValueError, match=r"lr_schedule must be one of \('constant', 'linear'\), got 'cosine'"):
+        replace(quick, lr_schedule="cosine")
+    with pytest.raises(ValueError, match=r"models must be a non-empty selection of \['none', .*got \('rnn',\)"):
+        replace(quick, models=("rnn",))
+    for seeds in ((), (1, 1), (-1,)):
+        with pytest.raises(ValueError, match=r"seeds must be distinct non-negative ints, at least one, got"):
+            replace(quick, seeds=seeds)
+
+
+def test_linear_schedule_falls_from_lr_to_zero(small, monkeypatch, one_thread):
+    """With lr_schedule="linear", step k of N uses lr * (1 - k / N); "constant" keeps lr."""
+    seen = []
+
+    class Recording(torch.optim.Adam):
+        def step(self, *args, **kwargs):
+            seen.append(self.param_groups[0]["lr"])
+            return super().step(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "Adam", Recording)
+    cfg = Seq2SeqConfig(models=("none",), epochs=2, hidden_size=8, embed_size=4, batch_size=200, lr=0.01,
+                        lr_schedule="linear")
+    experiment.train_model("none", small, cfg, show_progress=False)
+    n = len(seen)
+    assert n == 2 * math.ceil(400 / 200)
+    assert seen == pytest.approx([0.01 * (1 - k / n) for k in range(n)])
+    seen.clear()
+    experiment.train_model("none", small, replace(cfg, lr_schedule="constant"), show_progress=False)
+    assert seen == [0.01] * n
 
 
 def test_workers_give_identical_results(small, one_thread):
-    """Two processes train the models side by side; every number is bitwise the same as one after another."""
-    cfg = Seq2SeqConfig(models=("none", "bahdanau", "luong-dot"), epochs=1, hidden_size=16, embed_size=8,
-                        max_decode_len=8, beam_size=2)
-    serial = experiment.run_experiment(cfg, data=small, device="cpu", show_progress=False)
-    parallel = experiment.run_experiment(cfg, data=small, device="cpu", show_progress=False, workers=2)
-    columns = ["model", "parameters", "valid_loss", "token_acc", "bleu_greedy", "bleu_beam"]
+    """Two processes train the models side by side; every number is bitwise the same as one after another. Extra
+    runs with another seed give rows (without beam search where not asked), but only the first seed's models are
+    kept."""
+    cfg = Seq2SeqConfig(models=("none", "luong-dot"), epochs=1, hidden_size=16, embed_size=8, max_decode_len=8,
+                        beam_size=2)
+    runs = [("luong-dot", 0), ("luong-dot", 1), ("none", 0)]
+    serial = experiment.run_experiment(cfg, data=small, device="cpu", show_progress=False, runs=runs,
+                                       beam_seeds=(0,))
+    parallel = experiment.run_experiment(cfg, data=small, device="cpu", show_progress=False, workers=2, runs=runs,
+                                         beam_seeds=(0,))
+    columns = ["model", "seed", "parameters", "valid_loss", "token_acc", "bleu_greedy", "bleu_beam"]
     pd.testing.assert_frame_equal(serial.summary[columns], parallel.summary[columns])
     pd.testing.assert_frame_equal(serial.history.drop(columns="seconds"), parallel.history.drop(columns="seconds"))
-    assert list(parallel.models) == list(cfg.models)
+    assert list(zip(serial.summary.model, serial.summary.seed)) == runs
+    assert serial.summary.bleu_beam.isna().tolist() == [False, True, False]
+    assert serial.summary.valid_loss.iloc[0] != serial.summary.valid_loss.iloc[1]          # another seed
+    assert list(parallel.models) == ["luong-dot", "none"]
     for kind in cfg.models:
         assert serial.decoded[kind]["greedy"].tokens == parallel.decoded[kind]["greedy"].tokens
     with pytest.raises(ValueError, match="workers must be an int >= 1, got 0"):
         experiment.run_experiment(cfg, data=small, device="cpu", workers=0)
+    with pytest.raises(ValueError, match=r"runs must be a non-empty list of \(model kind, seed >= 0\) .* got "
+                                         r"\[\('rnn', 0\), \('none', -1\)\]"):
+        experiment.run_experiment(cfg, data=small, runs=[("rnn", 0), ("none", -1), ("none", 2)])
+    with pytest.raises(ValueError, match=r"runs name a \(model, seed\) twice"):
+        experiment.run_experiment(cfg, data=small, runs=[("none", 0), ("none", 0)])
+
+
+def test_attention_spread_and_the_collapse_of_unscaled_scores(small, one_thread):
+    """At the first decoding step of an untrained model the unscaled scores are sqrt(d) times the scaled ones
+    (same initialization, same query), and so is their spread, which is computed here by hand; the weights are
+    probabilities; every training step is recorded."""
+    hidden = 16
+    cfg = Seq2SeqConfig(epochs=1, hidden_size=hidden, embed_size=8, batch_size=32)
+    src, src_len, tgt_in, tgt_out = make_batches(small.valid, 16)[-1]
+    first = (src, src_len, tgt_in[:, :1], tgt_out[:, :1])
+    spreads = {}
+    for scaled in (True, False):
+        torch.manual_seed(0)
+        model = make_seq2seq("luong-general", len(small.src_vocab), len(small.tgt_vocab), 8, hidden, scaled=scaled)
+        top, spreads[scaled] = experiment.attention_spread(model, first)
+        with torch.no_grad():
+            enc = model.encode(src, src_len)
+            h = model.decoder.cell(torch.cat([model.decoder.embedding(tgt_in[:, 0]), enc.state.feed], -1),
+                                   enc.state.hidden)
+            e = torch.einsum("bd,bsd->bs", h, model.decoder.attention.W_a(enc.memory))
+            e = e / math.sqrt(hidden) if scaled else e
+            real = enc.mask[:, 0]
+            by_hand = e.masked_fill(~real, -math.inf).amax(-1) - e.masked_fill(~real, math.inf).amin(-1)
+            weights = e.masked_fill(~real, -math.inf).softmax(-1).amax(-1)
+        assert spreads[scaled] == pytest.approx(by_hand.mean().item(), rel=1e-5)
+        assert top == pytest.approx(weights.mean().item(), rel=1e-5)
+    assert spreads[False] == pytest.approx(math.sqrt(hidden) * spreads[True], rel=1e-5)
+    frame = experiment.attention_collapse(small, cfg, kinds=("luong-dot", "luong-general"), steps=3, probe_size=16)
+    assert len(frame) == 2 * 2 * 4 and list(frame.columns) == ["model", "scaled", "step", "train_loss",
+                                                               "max_weight", "score_spread"]
+    assert frame.max_weight.between(1 / 9, 1).all() and (frame.score_spread >= 0).all()
+    assert frame.train_loss.isna().tolist() == [s == 0 for s in frame.step]
+    start = frame[frame.step == 0].set_index(["model", "scaled"])
+    assert (start.xs(False, level="scaled").score_spread > start.xs(True, level="scaled").score_spread).all()
+    model = make_seq2seq("none", len(small.src_vocab), len(small.tgt_vocab), 4, 8)
+    batch = make_batches(small.valid, 8)[0]
+    with pytest.raises(ValueError, match="attention_spread needs a model with attention, got one without"):
+        experiment.attention_spread(model, batch)
+    with pytest.raises(ValueError, match=r"kinds must be attention models of \['bahdanau', .*got \('none',\)"):
+        experiment.attention_collapse(small, cfg, kinds=("none",))
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
+        experiment.attention_collapse(small, cfg, steps=0)
 
 
 def test_cli_writes_results_with_provenance(tmp_path):

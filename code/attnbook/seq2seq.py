@@ -9,9 +9,11 @@ Explained in chapter 4, "Sequence to sequence with attention" (``chapters/04_seq
   state, the keys and values are the encoder states. ``s_t = GRU([e(y_{t-1}); c_t], s_{t-1})``.
 - **Luong attention** (Luong et al. 2015, eq. 5, 7, 8 and section 3.3): the query is the *current* state
   ``h_t = GRU([e(y_{t-1}); h~_{t-1}], h_{t-1})`` (input feeding), ``c_t`` as above with a "dot" or "general"
-  score, and the attentional hidden state ``h~_t = tanh(W_c [c_t; h_t])``, of size ``attention_layer_size``. With
-  ``attention_layer_size=None`` the attention output is the context itself, ``h~_t = c_t``, as in TensorFlow's
-  ``AttentionWrapper`` (whose attention layer, when present, is linear: no tanh, no bias).
+  score, divided by ``sqrt(d)`` by default (``make_seq2seq(..., scaled=False)`` gives the paper's unscaled
+  scores, which collapse in training; chapter 4 shows it), and the attentional hidden state
+  ``h~_t = tanh(W_c [c_t; h_t])``, of size ``attention_layer_size``. With ``attention_layer_size=None`` the
+  attention output is the context itself, ``h~_t = c_t``, as in TensorFlow's ``AttentionWrapper`` (whose attention
+  layer, when present, is linear: no tanh, no bias).
 
 In all of them ``p(y_t | ...) = softmax(W_o o_t)``, with ``o_t = s_t`` (no attention, Bahdanau) or ``o_t = h~_t``
 (Luong); the decoder's first state is ``s_0 = tanh(W_s [h->_n; h<-_1])`` from the encoder's final states (Bahdanau
@@ -326,7 +328,7 @@ class Seq2Seq(nn.Module):
     Raises ``ValueError`` when ``encoder.output_size`` differs from ``decoder.memory_size``, or when ``src`` and
     ``tgt_in`` differ in batch size; ``TypeError``/``ValueError`` for bad ids or lengths, as :class:`Encoder`. An
     empty batch or an empty target (``tgt_len = 0``) gives empty logits ``(batch, tgt_len, vocab)`` and weights
-    (see :class:`AttentionDecoder`). Chapter 4, section "Four models, one training loop" (teacher forcing).
+    (see :class:`AttentionDecoder`). Chapter 4, section "Five models, one training loop" (teacher forcing).
     """
 
     def __init__(self, encoder: Encoder, decoder: AttentionDecoder) -> None:
@@ -355,14 +357,16 @@ class Seq2Seq(nn.Module):
 MODEL_KINDS = {
     "none": "GRU encoder–decoder without attention (fixed context)",
     "bahdanau": "Bahdanau (additive) attention",
-    "luong-dot": "Luong dot attention, attention_layer_size = hidden",
-    "luong-general": "Luong general attention, attention_layer_size = hidden",
-    "luong-general-context": "Luong general attention, attention_layer_size = None (context as output)",
+    "luong-dot": "Luong dot attention (scaled by 1/sqrt(d) unless scaled=False), attention_layer_size = hidden",
+    "luong-general": "Luong general attention (scaled unless scaled=False), attention_layer_size = hidden",
+    "luong-general-context": "Luong general attention (scaled unless scaled=False), attention_layer_size = None "
+                             "(context as output)",
 }
 
 
 def make_seq2seq(kind: str, src_vocab_size: int, tgt_vocab_size: int, embed_size: int = 64,
-                 hidden_size: int = 128, attention_size: int | None = None, dropout: float = 0.0) -> Seq2Seq:
+                 hidden_size: int = 128, attention_size: int | None = None, dropout: float = 0.0, *,
+                 scaled: bool = True) -> Seq2Seq:
     """Build one of the chapter's models (:data:`MODEL_KINDS`).
 
     The encoder is a bidirectional GRU with ``hidden_size // 2`` units per direction, so the encoder states have
@@ -370,13 +374,23 @@ def make_seq2seq(kind: str, src_vocab_size: int, tgt_vocab_size: int, embed_size
     the additive score (default ``hidden_size``) and, for ``"luong-dot"``/``"luong-general"``, the
     ``attention_layer_size``.
 
+    ``scaled`` (Luong models only) divides the dot and general scores by ``sqrt(d)``, ``d = hidden_size`` (the
+    query size): ``h_t . h_i / sqrt(d)`` and ``h_t^T W_a h_i / sqrt(d)``, the scaling of Vaswani et al. (2017,
+    eq. 1) applied to Luong et al.'s (2015, eq. 8) scores. ``False`` gives Luong et al.'s unscaled scores, which
+    collapse onto a few source positions within the first Adam steps (chapter 4, section "The unscaled Luong
+    scores collapse"; chapter 3 explains the saturated softmax). It does not change Bahdanau's additive score or
+    the model without attention.
+
     Raises:
         ValueError: unknown ``kind`` (the message lists the known ones), or an odd ``hidden_size``.
+        TypeError: ``scaled`` is not a bool.
 
-    Chapter 4, section "Four models, one training loop".
+    Chapter 4, section "Five models, one training loop".
     """
     if kind not in MODEL_KINDS:
         raise ValueError(f"unknown model kind {kind!r}; choose one of {list(MODEL_KINDS)}")
+    if not isinstance(scaled, bool):
+        raise TypeError(f"scaled must be a bool, got {type(scaled).__name__} {scaled!r}")
     if hidden_size % 2:
         raise ValueError(f"hidden_size must be even (two encoder directions of hidden_size // 2), got {hidden_size}")
     attention_size = attention_size or hidden_size
@@ -387,9 +401,9 @@ def make_seq2seq(kind: str, src_vocab_size: int, tgt_vocab_size: int, embed_size
     elif kind == "bahdanau":
         attention, style, layer = AdditiveAttention(hidden_size, memory, attention_size), "bahdanau", None
     elif kind == "luong-dot":
-        attention, style, layer = DotProductAttention(scaled=False), "luong", attention_size
+        attention, style, layer = DotProductAttention(scaled=scaled), "luong", attention_size
     else:
-        attention = DotProductAttention(scaled=False, query_size=hidden_size, key_size=memory)
+        attention = DotProductAttention(scaled=scaled, query_size=hidden_size, key_size=memory)
         style, layer = "luong", (None if kind == "luong-general-context" else attention_size)
     decoder = AttentionDecoder(tgt_vocab_size, embed_size, hidden_size, memory, attention, style=style,
                                attention_layer_size=layer, dropout=dropout)

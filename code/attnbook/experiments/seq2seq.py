@@ -1,25 +1,30 @@
 """The translation experiment of chapter 4: train the seq2seq models on identical data, decode, score with BLEU.
 
 Explained in chapter 4, "Sequence to sequence with attention" (``chapters/04_seq2seq_attention``), sections
-"Four models, one training loop", "BLEU on held-out sentences" and "The bottleneck: quality against source length".
+"Five models, one training loop", "BLEU on held-out sentences" and "The bottleneck: quality against source length".
 
 Configuration is :class:`Seq2SeqConfig` (``quick()`` for a 2-core CPU, ``full()`` for all pairs at sizes like
-Bahdanau et al.'s on a GPU); :func:`run_experiment` returns plain data (DataFrames and the trained models). The CLI
-writes the full-mode results with their provenance::
+Bahdanau et al.'s on a GPU); :func:`run_experiment` returns plain data (DataFrames and the trained models). A *run* is
+one model kind trained with one seed; the seed fixes the initialization and the batch order (the data split is fixed
+by ``split_seed``), so runs with the same seed are paired across model kinds. The CLI writes the full-mode results
+with their provenance, e.g. the chapter's stored comparison (3 seeds of three models)::
 
-    python -m attnbook.experiments.seq2seq --mode full --out results/seq2seq_full.csv
+    python -m attnbook.experiments.seq2seq --mode full --models none bahdanau luong-general --seeds 3 \
+        --out results/seq2seq_full.csv
 
-which writes ``seq2seq_full.csv`` (one row per model), ``seq2seq_full_by_length.csv`` (BLEU and token accuracy per
-source-length bucket and model), ``seq2seq_full_history.csv`` (losses per epoch and model) and ``seq2seq_full.json``
-(provenance and configuration, one session per invocation) into the folder of ``--out``. It is a results store
-(:mod:`attnbook.store`): each model is stored as soon as it is evaluated, with its rows of the other two tables, so a
-run that is killed resumes with the models it has not finished (the same command again).
+which writes ``seq2seq_full.csv`` (one row per model and seed), ``seq2seq_full_by_length.csv`` (BLEU and token
+accuracy per source-length bucket, model and seed: Bahdanau et al.'s Fig. 2, the last bucket holding the longest
+sentences), ``seq2seq_full_history.csv`` (losses per epoch) and ``seq2seq_full.json`` (provenance and configuration,
+one session per invocation) into the folder of ``--out``. It is a results store (:mod:`attnbook.store`): each run is
+stored as soon as it is evaluated, with its rows of the other two tables, so a run that is killed resumes with the
+runs it has not finished (the same command again; ``--seeds`` and ``--models`` may grow, the configuration may not).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -36,8 +41,13 @@ from ..text import PAD_ID, detokenize, pad_batch
 
 __all__ = [
     "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
-    "token_accuracy", "length_bucket", "evaluate_model", "run_experiment", "main", "LAYOUT",
+    "token_accuracy", "length_bucket", "evaluate_model", "attention_spread", "attention_collapse", "run_experiment",
+    "main", "LAYOUT", "LR_SCHEDULES",
 ]
+
+
+#: The learning-rate schedules of :class:`Seq2SeqConfig`.
+LR_SCHEDULES = ("constant", "linear")
 
 
 @dataclass
@@ -49,9 +59,13 @@ class Seq2SeqConfig(ModeConfig):
     :func:`attnbook.data.translation.prepare_translation`). Model: ``embed_size``, ``hidden_size``
     (decoder; the bidirectional encoder has half per direction), ``attention_size`` (additive tanh layer and Luong's
     ``attention_layer_size``; ``None`` = ``hidden_size``), ``dropout``. Training: ``batch_size``, ``epochs``,
-    ``lr`` (Adam), ``clip`` (gradient norm). Decoding: ``beam_size``, ``length_penalty``, ``max_decode_len``.
-    ``models``: the kinds of :data:`attnbook.seq2seq.MODEL_KINDS` to train; ``length_edges``: bucket edges for the
-    bottleneck analysis; ``seed``: seeds the split, the batches and every model's initialization;
+    ``lr`` (Adam), ``lr_schedule`` (``"constant"``, or ``"linear"``: the learning rate falls linearly from ``lr``
+    to 0 over all training steps), ``clip`` (gradient norm), ``luong_scaled`` (the Luong scores divided by
+    ``sqrt(d)``; False = Luong et al.'s unscaled scores, see :func:`attnbook.seq2seq.make_seq2seq`). Decoding:
+    ``beam_size``, ``length_penalty``, ``max_decode_len``. ``models``: the kinds of
+    :data:`attnbook.seq2seq.MODEL_KINDS` to train; ``seeds``: the model seeds (initialization and batch order), one
+    run per model and seed; ``length_edges``: bucket edges for the bottleneck analysis; ``split_seed``: seeds the
+    split into training, validation and test sentences and their subsampling (the same for every run);
     ``num_threads``: CPU threads for torch during the run (``None`` = leave torch's setting). Quick mode uses 1: on a
     2-core CPU two threads were about 1.3 times faster when the machine was otherwise idle, but up to 50 times
     *slower* when another process competed for the cores (the decoder's many small operations each wait for both
@@ -60,7 +74,7 @@ class Seq2SeqConfig(ModeConfig):
 
     max_src_len: int | None = 12
     max_tgt_len: int | None = 14
-    n_train: int | None = 6_000
+    n_train: int | None = 35_000
     n_valid: int | None = 300
     n_test: int | None = 600
     min_freq: int = 1
@@ -68,38 +82,54 @@ class Seq2SeqConfig(ModeConfig):
     max_tgt_vocab: int | None = 1_500
     covered_only: bool = True
     embed_size: int = 64
-    hidden_size: int = 96
+    hidden_size: int = 128
     attention_size: int | None = None
     dropout: float = 0.0
     batch_size: int = 64
-    epochs: int = 3
+    epochs: int = 2
     lr: float = 5e-3
+    lr_schedule: str = "constant"
     clip: float = 1.0
+    luong_scaled: bool = True
     beam_size: int = 4
     length_penalty: float = 1.0
     max_decode_len: int = 30
     models: tuple[str, ...] = tuple(MODEL_KINDS)
+    seeds: tuple[int, ...] = (0,)
     length_edges: tuple[int, ...] = (4, 6, 8, 10)
-    seed: int = 0
+    split_seed: int = 0
     num_threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        unknown = [m for m in self.models if m not in MODEL_KINDS]
+        if unknown or not self.models:
+            raise ValueError(f"models must be a non-empty selection of {list(MODEL_KINDS)}, got {self.models!r}")
+        if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds) \
+                or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct non-negative ints, at least one, got {self.seeds!r}")
 
     @classmethod
     def quick(cls) -> "Seq2SeqConfig":
-        """Small models (96 units) on 6,000 training pairs of at most 12 source tokens, made only of the 1,000 most
-        frequent English and 1,500 most frequent Spanish tokens, 3 epochs: sized for the whole chapter to run in
-        about a minute and a half on a 2-core CPU, with the five models trained two at a time
-        (``run_experiment(..., workers=2)``)."""
+        """Models of 128 units (64-d embeddings) on 35,000 training pairs of at most 12 source tokens, made only of
+        the 1,000 most frequent English and 1,500 most frequent Spanish tokens (35,000 is about all of them: the
+        most that leave the test sentences and the vocabularies as they are), 2 epochs of Adam at a constant 5e-3
+        (a linear decay to zero, ``lr_schedule="linear"``, gave no lower validation loss for Bahdanau's and Luong
+        general's models, seed 0), one seed: sized for chapter 4 on a 2-core CPU, with the models trained two at a
+        time (``run_experiment(..., workers=2)``, one thread each)."""
         return cls()
 
     @classmethod
     def full(cls) -> "Seq2SeqConfig":
         """All pairs with sources of up to 50 tokens (like RNNsearch-50) at sizes like Bahdanau et al.'s (620-d
         embeddings, 1000-unit decoder and attention layer, 2 x 500 encoder units, vocabularies of the tokens seen
-        at least twice, at most 30,000, batches of 80, gradient norm clipped at 1), 10 epochs, for a GPU."""
+        at least twice, at most 30,000, batches of 80, gradient norm clipped at 1), 10 epochs, 3 seeds, for a
+        GPU."""
         return cls(max_src_len=50, max_tgt_len=60, n_train=None, n_valid=None, n_test=None, min_freq=2,
                    max_src_vocab=30_000, max_tgt_vocab=30_000, covered_only=False, embed_size=620,
                    hidden_size=1000, attention_size=1000, dropout=0.2, batch_size=80, epochs=10, lr=1e-3, clip=1.0,
-                   max_decode_len=80, num_threads=None,
+                   max_decode_len=80, num_threads=None, seeds=(0, 1, 2),
                    length_edges=(4, 6, 8, 10, 13, 16, 20, 30))
 
 
@@ -108,7 +138,7 @@ class Seq2SeqConfig(ModeConfig):
         return prepare_translation(max_src_len=self.max_src_len, max_tgt_len=self.max_tgt_len, n_train=self.n_train,
                                    n_valid=self.n_valid, n_test=self.n_test, min_freq=self.min_freq,
                                    max_src_vocab=self.max_src_vocab, max_tgt_vocab=self.max_tgt_vocab,
-                                   covered_only=self.covered_only, seed=self.seed)
+                                   covered_only=self.covered_only, seed=self.split_seed)
 
 
 # ------------------------------------------------------------------------------------------------- batches
@@ -169,30 +199,44 @@ def _mean_loss(model: Seq2Seq, batches: list) -> float:
 
 
 def train_model(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device | str = "cpu",
-                show_progress: bool = True) -> tuple[Seq2Seq, pd.DataFrame]:
-    """Train one model (:func:`attnbook.seq2seq.make_seq2seq`) with teacher forcing and Adam.
+                show_progress: bool = True, seed: int | None = None) -> tuple[Seq2Seq, pd.DataFrame]:
+    """Train one model (:func:`attnbook.seq2seq.make_seq2seq`, Luong scores scaled as ``cfg.luong_scaled``) with
+    teacher forcing and Adam.
 
-    Every model of a run sees the same batches in the same order (the batch generator is seeded by
-    ``cfg.seed`` and the epoch), and the initialization is seeded by ``cfg.seed`` (bitwise reproducible on the
+    Every model trained with the same ``seed`` sees the same batches in the same order (the batch generator is
+    seeded by ``seed`` and the epoch), and the initialization is seeded by ``seed`` (bitwise reproducible on the
     CPU; on a GPU deterministic algorithms are switched off, for speed and because some have none). The loss is the
-    cross-entropy per target token (padding ignored), the gradient norm is clipped to ``cfg.clip``.
+    cross-entropy per target token (padding ignored), the gradient norm is clipped to ``cfg.clip``, and with
+    ``cfg.lr_schedule == "linear"`` the learning rate falls linearly from ``cfg.lr`` after the first step to 0
+    after the last (``torch.optim.lr_scheduler.LinearLR``).
+
+    Args:
+        kind, data, cfg, device: the model kind, the prepared data, the configuration, the device.
+        show_progress: a progress bar over the training steps.
+        seed: the model seed; ``None`` = ``cfg.seeds[0]``.
 
     Returns:
         ``(model, history)``: the trained model (in eval mode) and a DataFrame with one row per epoch: ``epoch``,
         ``train_loss``, ``valid_loss`` (nats per token), ``seconds`` (cumulative training time).
+
+    Chapter 4, section "Five models, one training loop".
     """
-    seed_everything(cfg.seed)
+    seed = cfg.seeds[0] if seed is None else seed
+    seed_everything(seed)
     device = torch.device(device)
     if device.type == "cuda":  # seeded, but not bitwise deterministic on a GPU (the book promises that on the CPU)
         torch.use_deterministic_algorithms(False)
     model = make_seq2seq(kind, len(data.src_vocab), len(data.tgt_vocab), cfg.embed_size, cfg.hidden_size,
-                         cfg.attention_size, cfg.dropout).to(device)
+                         cfg.attention_size, cfg.dropout, scaled=cfg.luong_scaled).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     valid_batches = make_batches(data.valid, cfg.batch_size * 2, device=device)
     def epoch_batches(epoch: int) -> list:
-        return make_batches(data.train, cfg.batch_size, np.random.default_rng([cfg.seed, epoch]), device)
+        return make_batches(data.train, cfg.batch_size, np.random.default_rng([seed, epoch]), device)
 
     batches = epoch_batches(0)  # every epoch has the same number of batches (same pool sizes)
+    scheduler = None
+    if cfg.lr_schedule == "linear":
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=cfg.epochs * len(batches))
     bar = progress(total=cfg.epochs * len(batches), desc=f"training {kind}") if show_progress else None
     rows, start = [], time.perf_counter()
     model.train()
@@ -205,6 +249,8 @@ def train_model(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: to
             (loss / n).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             total, count = total + loss.item(), count + n
             if bar is not None:
                 bar.update(1)
@@ -340,13 +386,117 @@ def evaluate_model(model: Seq2Seq, data: TranslationData, cfg: Seq2SeqConfig, be
     return summary, pd.DataFrame(rows), decoded
 
 
+# ------------------------------------------------------------------------------------------------- collapse
+@torch.no_grad()
+def attention_spread(model: Seq2Seq, batch: tuple[torch.Tensor, ...]) -> tuple[float, float]:
+    """How peaked a model's attention is on one teacher-forced batch ``(src, src_lengths, tgt_in, tgt_out)`` (as
+    :func:`make_batches` makes them).
+
+    Returns:
+        ``(max_weight, score_spread)``: the largest attention weight of each decoding step, and the spread of its
+        scores ``max_i e_ti - min_i e_ti`` over the real source tokens (nats, the scores being log-weights up to a
+        constant), both averaged over the real target tokens of the batch. The scores are the attention module's
+        ``scores(query, memory)`` with the query the decoder uses: ``s_{t-1}`` (Bahdanau), ``h_t`` (Luong).
+
+    Raises:
+        ValueError: the model has no attention (``"none"``).
+
+    Chapter 4, section "The unscaled Luong scores collapse".
+    """
+    dec = model.decoder
+    if dec.attention is None:
+        raise ValueError("attention_spread needs a model with attention, got one without (kind 'none')")
+    was_training = model.training
+    model.eval()
+    try:
+        src, src_len, tgt_in, tgt_out = batch
+        enc = model.encode(src, src_len)
+        real = enc.mask[:, 0]
+        state, top, spread = enc.state, [], []
+        for t in range(tgt_in.shape[1]):
+            _, new_state, weights = dec.step(tgt_in[:, t], state, enc.memory, enc.mask)
+            query = new_state.hidden if dec.style == "luong" else state.hidden
+            scores = dec.attention.scores(query[:, None, :], enc.memory)[:, 0]
+            gap = scores.masked_fill(~real, -torch.inf).amax(-1) - scores.masked_fill(~real, torch.inf).amin(-1)
+            keep = tgt_out[:, t] != PAD_ID
+            top.append(weights.max(-1).values[keep])
+            spread.append(gap[keep])
+            state = new_state
+    finally:
+        model.train(was_training)
+    return torch.cat(top).mean().item(), torch.cat(spread).mean().item()
+
+
+def _collapse_run(kind: str, scaled: bool, data: TranslationData, cfg: Seq2SeqConfig, steps: int, seed: int,
+                  probe: tuple[torch.Tensor, ...]) -> list[dict]:
+    threads = torch.get_num_threads()
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        seed_everything(seed)
+        model = make_seq2seq(kind, len(data.src_vocab), len(data.tgt_vocab), cfg.embed_size, cfg.hidden_size,
+                             cfg.attention_size, cfg.dropout, scaled=scaled)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        batches = make_batches(data.train, cfg.batch_size, np.random.default_rng([seed, 0]))[:steps]
+        rows = [{"model": kind, "scaled": scaled, "step": 0, "train_loss": float("nan")}]
+        rows[0].update(zip(("max_weight", "score_spread"), attention_spread(model, probe)))
+        model.train()
+        for step, batch in enumerate(batches, 1):
+            loss, n = _loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            optimizer.step()
+            row = {"model": kind, "scaled": scaled, "step": step, "train_loss": loss.item() / n}
+            row.update(zip(("max_weight", "score_spread"), attention_spread(model, probe)))
+            rows.append(row)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def attention_collapse(data: TranslationData, cfg: Seq2SeqConfig, kinds: tuple[str, ...] = ("luong-dot",
+                       "luong-general"), steps: int = 20, seed: int | None = None, probe_size: int = 64,
+                       workers: int = 1) -> pd.DataFrame:
+    """The first training steps of Luong models with unscaled and with scaled scores, side by side.
+
+    Each kind is trained twice from the same initialization and on the same first ``steps`` batches (those of
+    :func:`train_model` with this ``seed``; Adam with ``cfg.lr`` and ``cfg.clip``, constant learning rate), once
+    with Luong et al.'s unscaled scores and once divided by ``sqrt(d)`` (:func:`attnbook.seq2seq.make_seq2seq`).
+    Before the first step and after each, :func:`attention_spread` measures the attention on a fixed probe: the
+    first ``probe_size`` validation pairs.
+
+    Returns:
+        One row per kind, scaling and step (0 = before training): ``model``, ``scaled``, ``step``, ``train_loss``
+        (nats per token of that step's batch; NaN at step 0), ``max_weight``, ``score_spread`` (nats).
+
+    Raises:
+        ValueError: an unknown or attention-free kind, ``steps`` or ``probe_size`` < 1, or ``workers`` < 1.
+
+    Chapter 4, section "The unscaled Luong scores collapse" (the mechanism is chapter 3's saturated softmax).
+    """
+    bad = [k for k in kinds if k not in MODEL_KINDS or k == "none"]
+    if bad or not kinds:
+        raise ValueError(f"kinds must be attention models of {list(MODEL_KINDS)[1:]}, got {kinds!r}")
+    for name, value in (("steps", steps), ("probe_size", probe_size), ("workers", workers)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    seed = cfg.seeds[0] if seed is None else seed
+    probe = make_batches(data.valid.iloc[:probe_size], probe_size)[0]
+    tasks = [(kind, scaled, data, cfg, steps, seed, probe) for kind in kinds for scaled in (False, True)]
+    return pd.DataFrame([row for rows in run_tasks(_collapse_run, tasks, workers) for row in rows])
+
+
 # ------------------------------------------------------------------------------------------------- the run
 @dataclass
 class Seq2SeqResults:
-    """What :func:`run_experiment` returns: ``summary`` (one row per model: ``model``, ``parameters``,
-    ``train_s``, ``eval_s`` (seconds), ``valid_loss``, ``token_acc``, ``bleu_greedy``, ``bleu_beam``), ``by_length`` (rows per model and
-    length bucket), ``history`` (rows per model and epoch), the ``models``, their test ``decoded`` outputs, the
-    ``data`` and the ``config``."""
+    """What :func:`run_experiment` returns.
+
+    ``summary``: one row per run (model kind and seed): ``model``, ``seed``, ``parameters``, ``train_s``,
+    ``eval_s`` (seconds), ``valid_loss``, ``token_acc``, ``bleu_greedy``, ``bleu_beam``. ``by_length``: rows per run
+    and length bucket; ``history``: rows per run and epoch (both with ``model`` and ``seed``). ``models`` and
+    ``decoded`` (the test outputs) hold the runs of the first seed, ``config.seeds[0]``, keyed by model kind (the
+    other seeds' models are not kept); ``data`` and ``config`` are the run's."""
 
     summary: pd.DataFrame
     by_length: pd.DataFrame
@@ -357,83 +507,119 @@ class Seq2SeqResults:
     config: Seq2SeqConfig = None
 
 
-def _train_and_evaluate(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device, beam: bool,
-                        show_progress: bool) -> tuple[dict, pd.DataFrame, pd.DataFrame, Seq2Seq, dict[str, Decoded]]:
-    """One model of :func:`run_experiment`: train, evaluate, and return its summary row, per-length rows, history,
-    model and decoded outputs. Runs with ``cfg.num_threads`` torch threads and restores the setting afterwards."""
+def _train_and_evaluate(kind: str, seed: int, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device,
+                        beam: bool, show_progress: bool, keep: bool = True
+                        ) -> tuple[dict, pd.DataFrame, pd.DataFrame, Seq2Seq | None, dict[str, Decoded] | None]:
+    """One run of :func:`run_experiment`: train, evaluate, and return its summary row, per-length rows, history,
+    and (``keep``) the model and its decoded outputs, else ``None`` for both. Runs with ``cfg.num_threads`` torch
+    threads and restores the setting afterwards."""
     threads = torch.get_num_threads()
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     try:
-        model, history = train_model(kind, data, cfg, device, show_progress)
+        model, history = train_model(kind, data, cfg, device, show_progress, seed=seed)
         start = time.perf_counter()
         summary, per_length, dec = evaluate_model(model, data, cfg, beam=beam, device=device)
     finally:
         torch.set_num_threads(threads)
-    row = {"model": kind, "parameters": sum(p.numel() for p in model.parameters()),
+    row = {"model": kind, "seed": seed, "parameters": sum(p.numel() for p in model.parameters()),
            "train_s": history["seconds"].iloc[-1], "eval_s": time.perf_counter() - start,
            "valid_loss": history["valid_loss"].iloc[-1], **summary}
-    return row, per_length.assign(model=kind), history.assign(model=kind), model, dec
+    tag = {"model": kind, "seed": seed}
+    return (row, per_length.assign(**tag), history.assign(**tag), model if keep else None,
+            dec if keep else None)
+
+
+def _check_runs(runs, cfg: Seq2SeqConfig) -> list[tuple[str, int]]:
+    if runs is None:
+        return [(kind, seed) for seed in cfg.seeds for kind in cfg.models]
+    runs = [tuple(r) for r in runs]
+    bad = [r for r in runs if len(r) != 2 or r[0] not in MODEL_KINDS or not isinstance(r[1], int)
+           or isinstance(r[1], bool) or r[1] < 0]
+    if bad or not runs:
+        raise ValueError(f"runs must be a non-empty list of (model kind, seed >= 0) with kinds from "
+                         f"{list(MODEL_KINDS)}; got {bad or runs}")
+    if len(set(runs)) != len(runs):
+        raise ValueError(f"runs name a (model, seed) twice: {runs}")
+    return runs
 
 
 def run_experiment(cfg: Seq2SeqConfig, data: TranslationData | None = None, device: torch.device | str | None = None,
                    beam_models: tuple[str, ...] | None = None, show_progress: bool = True,
-                   workers: int = 1) -> Seq2SeqResults:
-    """Train every model of ``cfg.models`` on the same data and batches, and evaluate each on the test split.
+                   workers: int = 1, runs: Sequence[tuple[str, int]] | None = None,
+                   beam_seeds: tuple[int, ...] | None = None) -> Seq2SeqResults:
+    """Train every run (model kind, seed) on the same data, and evaluate each on the test split.
 
     Args:
         cfg: the configuration.
         data: prepared data (default ``cfg.data()``).
         device: default :func:`attnbook.runtime.get_device`.
-        beam_models: the models that are also decoded with beam search (default: all).
-        show_progress: a progress bar per model (``workers=1``) or over the models (``workers > 1``).
+        beam_models: the model kinds that are also decoded with beam search (default: all).
+        show_progress: a progress bar per model (``workers=1``) or over the runs (``workers > 1``).
         workers: processes that train models side by side (joblib, ``loky`` backend), each with
-            ``cfg.num_threads`` torch threads. The models are independent and seeded, so on the CPU the results
+            ``cfg.num_threads`` torch threads. The runs are independent and seeded, so on the CPU the results
             are identical for any number of workers (``tests/test_translation.py`` checks it); 2 halves the
             chapter's wall time on a 2-core CPU. On a GPU keep 1.
+        runs: the ``(model kind, seed)`` pairs to train, in this order (put the slowest first when ``workers > 1``);
+            default: every kind of ``cfg.models`` with every seed of ``cfg.seeds``.
+        beam_seeds: the seeds whose runs are decoded with beam search (default: all).
+
+    Returns:
+        :class:`Seq2SeqResults`, its tables in the order of ``runs``.
 
     Raises:
-        ValueError: if ``workers < 1``.
+        ValueError: if ``workers < 1``, or ``runs`` is empty, names an unknown kind, a negative seed or a run twice.
+
+    Chapter 4, sections "Five models, one training loop" and "attention_layer_size: a layer or the context itself?".
     """
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    runs = _check_runs(runs, cfg)
+    first = cfg.seeds[0]
     device = torch.device(device) if device is not None else get_device()
     data = data if data is not None else cfg.data()
     beam_models = cfg.models if beam_models is None else beam_models
     per_model_bars = show_progress and workers == 1   # worker processes cannot draw on this page
-    bar = progress(total=len(cfg.models), desc="models", disable=not show_progress or per_model_bars)
+    bar = progress(total=len(runs), desc="models", disable=not show_progress or per_model_bars)
+    tasks = [(kind, seed, data, cfg, device, kind in beam_models and (beam_seeds is None or seed in beam_seeds),
+              per_model_bars, seed == first) for kind, seed in runs]
     outputs = []
-    for output in run_tasks(_train_and_evaluate, [(kind, data, cfg, device, kind in beam_models, per_model_bars)
-                                                  for kind in cfg.models], workers):
+    for output in run_tasks(_train_and_evaluate, tasks, workers):
         outputs.append(output)
         bar.update(1)
     bar.close()
     rows, by_length, histories, models, decoded = zip(*outputs)
+    kept = [(kind, m, d) for (kind, seed), m, d in zip(runs, models, decoded) if seed == first]
     return Seq2SeqResults(pd.DataFrame(list(rows)), pd.concat(by_length, ignore_index=True),
-                          pd.concat(histories, ignore_index=True), dict(zip(cfg.models, models)),
-                          dict(zip(cfg.models, decoded)), data, cfg)
+                          pd.concat(histories, ignore_index=True), {k: m for k, m, _ in kept},
+                          {k: d for k, _, d in kept}, data, cfg)
 
 
-#: The results store of the command line (:mod:`attnbook.store`): a run is one model; its per-length rows and its
-#: per-epoch history go into the side tables ``<name>_by_length.csv`` and ``<name>_history.csv``. ``num_threads``
-#: does not change results and ``models`` only chooses runs: neither counts as configuration.
+#: The results store of the command line (:mod:`attnbook.store`): a run is one model kind with one seed; its
+#: per-length rows and its per-epoch history go into the side tables ``<name>_by_length.csv`` and
+#: ``<name>_history.csv``. ``num_threads`` does not change results, and ``models`` and ``seeds`` only choose runs:
+#: none of them counts as configuration.
 LAYOUT = Layout(
-    "seq2seq", keys=("model",),
-    columns=("model", "parameters", "train_s", "eval_s", "valid_loss", "bleu_greedy", "bleu_beam", "token_acc"),
-    tables={"by_length": ("length", "sentences", "bleu_greedy", "token_acc", "model"),
-            "history": ("epoch", "train_loss", "valid_loss", "seconds", "model")},
-    not_configuration=("num_threads", "models"))
+    "seq2seq", keys=("model", "seed"),
+    columns=("model", "seed", "parameters", "train_s", "eval_s", "valid_loss", "bleu_greedy", "bleu_beam",
+             "token_acc"),
+    tables={"by_length": ("length", "sentences", "bleu_greedy", "token_acc", "model", "seed"),
+            "history": ("epoch", "train_loss", "valid_loss", "seconds", "model", "seed")},
+    not_configuration=("num_threads", "models", "seeds"))
 
 
-def _store_task(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device, show_progress: bool):
-    """One model for the command line: its summary row, per-length rows and history (the model stays behind)."""
-    row, per_length, history, _, _ = _train_and_evaluate(kind, data, cfg, device, True, show_progress)
+def _store_task(kind: str, seed: int, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device,
+                show_progress: bool):
+    """One run for the command line: its summary row, per-length rows and history (the model stays behind)."""
+    row, per_length, history, _, _ = _train_and_evaluate(kind, seed, data, cfg, device, True, show_progress,
+                                                         keep=False)
     return row, per_length, history
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """CLI: train and evaluate every model of the configuration and store each as it finishes, with provenance (see
-    the module docstring). Resumable: models already in ``--out`` are skipped (same configuration required).
+    """CLI: train and evaluate every run (model kind, seed) of the configuration and store each as it finishes,
+    with provenance (see the module docstring). Resumable: runs already in ``--out`` are skipped (same
+    configuration required; ``--models`` and ``--seeds`` only choose runs).
 
     Returns the path of ``--out``. An interrupted run (Ctrl-C, SIGTERM) records its session as interrupted and exits
     with 130 or 143."""
@@ -447,6 +633,8 @@ def main(argv: list[str] | None = None) -> Path:
                         help="the summary CSV; the others go beside it")
     parser.add_argument("--device", type=device_arg, default=None, help="cpu, cuda, ... (default: cuda when available)")
     parser.add_argument("--models", nargs="+", choices=list(MODEL_KINDS), default=None)
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of model seeds (0..N-1); default: the mode's (quick 1, full 3)")
     parser.add_argument("--epochs", type=positive_int, default=None, help="override the configuration's epochs")
     parser.add_argument("--n-train", type=positive_int, default=None, help="override the number of training pairs")
     parser.add_argument("--n-valid", type=positive_int, default=None,
@@ -454,12 +642,16 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--n-test", type=positive_int, default=None, help="override the number of test sentences")
     parser.add_argument("--workers", type=positive_int, default=1,
                         help="processes training models side by side (default 1; see run_experiment)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch threads per worker (default: the mode's; quick 1, full torch's own)")
     args = parser.parse_args(argv)
     mode = args.mode or get_mode()
     cfg = Seq2SeqConfig.for_mode(mode)
     overrides = {k: v for k, v in (("epochs", args.epochs), ("n_train", args.n_train), ("n_valid", args.n_valid),
                                    ("n_test", args.n_test),
-                                   ("models", tuple(args.models) if args.models else None)) if v is not None}
+                                   ("models", tuple(args.models) if args.models else None),
+                                   ("seeds", tuple(range(args.seeds)) if args.seeds else None),
+                                   ("num_threads", args.threads)) if v is not None}
     cfg = replace(cfg, **overrides)
     device = torch.device(args.device) if args.device else get_device()
     out, started = args.out, time.perf_counter()
@@ -475,18 +667,19 @@ def main(argv: list[str] | None = None) -> Path:
                                "translations of a held-out English sentence as references")
 
     with store, Session(store, describe, workers=args.workers) as session:
-        todo = [kind for kind in cfg.models if not store.has({"model": kind})]
+        todo = [(kind, seed) for seed in cfg.seeds for kind in cfg.models
+                if not store.has({"model": kind, "seed": seed})]
         if todo:
             data = cfg.data()
             sizes["data_sizes"] = data.sizes()
             per_model_bars = args.workers == 1
-            for row, per_length, history in run_tasks(_store_task, [(kind, data, cfg, device, per_model_bars)
-                                                                    for kind in todo], args.workers):
+            for row, per_length, history in run_tasks(_store_task, [(kind, seed, data, cfg, device, per_model_bars)
+                                                                    for kind, seed in todo], args.workers):
                 store.append(row, {"by_length": per_length, "history": history})
                 session.checkpoint()
         summary = store.frame()
     print(summary.to_string(index=False))
-    print(f"{len(summary)} models in {out} and its companions ({len(todo)} trained now, "
+    print(f"{len(summary)} runs in {out} and its companions ({len(todo)} trained now, "
           f"{time.perf_counter() - started:.0f} s)")
     return out
 
