@@ -2,7 +2,8 @@
 
 Explained in chapter 8, "Self-attention and the Transformer" (``chapters/08_self_attention_transformer``), section
 "A Transformer translator". Both models read the English-Spanish Tatoeba pairs of chapter 4, split and encoded by
-:func:`attnbook.data.translation.prepare_translation` with the same settings as chapter 4's quick mode, see the
+:func:`attnbook.data.translation.prepare_translation` with chapter 4's split and vocabularies (quick mode: 6,000 of
+chapter 4's training pairs, fewer than chapter 4's own quick mode uses, to fit the page's time), see the
 same batches in the same order (:func:`attnbook.experiments.seq2seq.make_batches`, seeded by ``seed`` and the
 epoch), are decoded by :func:`attnbook.seq2seq.greedy_decode` and :func:`attnbook.seq2seq.beam_search` and scored with
 sacreBLEU on all references (:func:`attnbook.experiments.seq2seq.corpus_bleu`). The models:
@@ -10,7 +11,7 @@ sacreBLEU on all references (:func:`attnbook.experiments.seq2seq.corpus_bleu`). 
 - ``"transformer"``: :class:`attnbook.transformer.Transformer` (pre-LN, sinusoidal positions), trained with Adam and
   a linear learning-rate warm-up (Vaswani et al. 2017, section 5.3, without their decay);
 - ``"bahdanau"``: chapter 4's GRU encoder-decoder with additive attention
-  (:func:`attnbook.seq2seq.make_seq2seq`), at chapter 4's quick sizes, learning rate and number of epochs. In quick
+  (:func:`attnbook.seq2seq.make_seq2seq`), at smaller sizes than chapter 4's quick mode (64, 96), 3 epochs. In quick
   mode the Transformer trains for as many epochs, which took about as much CPU time on a busy 2-core machine (per
   epoch, 0.8 to 1.3 times the Bahdanau model's, depending on the load); the chapter shows the measured times.
 
@@ -55,7 +56,8 @@ MODELS = ("transformer", "bahdanau")
 class TranslationConfig(ModeConfig):
     """Everything that defines one run of chapter 8's translation comparison.
 
-    Data (as :func:`attnbook.data.translation.prepare_translation`; the quick values are chapter 4's quick data):
+    Data (as :func:`attnbook.data.translation.prepare_translation`; the quick values are chapter 4's vocabularies and
+    split, with 6,000 training pairs):
     ``max_src_len``/``max_tgt_len`` (tokens), ``n_train`` (pairs), ``n_valid``/``n_test`` (source sentences, each with
     all its references), ``min_freq``, ``max_src_vocab``, ``max_tgt_vocab``, ``covered_only``, ``seed`` (also seeds
     the batches and both initializations).
@@ -111,9 +113,10 @@ class TranslationConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "TranslationConfig":
-        """Chapter 4's quick data (6,000 training pairs of at most 12 source tokens made of the 1,000 most frequent
-        English and 1,500 most frequent Spanish tokens); a Transformer with d_model 64, 4 heads, 2 + 2 pre-LN layers,
-        feed-forward 128, 3 epochs; chapter 4's Bahdanau model (64, 96) for 3 epochs, as chapter 4 trains it."""
+        """Chapter 4's quick split and vocabularies (sources of at most 12 tokens, the 1,000 most frequent English and
+        1,500 most frequent Spanish tokens) with 6,000 training pairs (chapter 4's quick mode uses 35,000); a
+        Transformer with d_model 64, 4 heads, 2 + 2 pre-LN layers, feed-forward 128, 3 epochs; a Bahdanau model of
+        chapter 4's kind at (64, 96) for 3 epochs."""
         return cls()
 
     @classmethod
