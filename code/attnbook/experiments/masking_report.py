@@ -25,7 +25,8 @@ from ..stats import compare_paired, holm
 from ..store import device_kind   # re-exported: the kind of device a stored run ran on
 from .masking import condition_id
 
-__all__ = ["Arm", "ARMS", "MIN_PAIRS", "answer_table", "format_answer", "verdict", "direction_agrees", "device_kind"]
+__all__ = ["Arm", "ARMS", "MIN_PAIRS", "answer_table", "format_answer", "verdict", "direction_agrees", "device_kind",
+           "runs_by_kind", "paired_table"]
 
 #: Paired seeds an arm needs before the chapter draws a verdict from it (issue "Chapter 5 gives its answer at full
 #: scale": at least 10, and 20 is the goal).
@@ -68,7 +69,7 @@ _SIDES = {"pad_mass": "pad_mass", "flip_in": "flip_rate_in", "flip_stress": "fli
           "tokens_per_s": "tokens_per_s"}
 
 
-def _paired(frame: pd.DataFrame, arm: Arm) -> pd.DataFrame:
+def _paired(frame: pd.DataFrame, arm) -> pd.DataFrame:
     """The runs of ``arm``'s two conditions on one kind of device (the kind with more paired seeds; GPU on a tie),
     restricted to the seeds that ran in both."""
     best = frame.iloc[:0]
@@ -107,8 +108,9 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
         n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
 
     Returns:
-        Columns ``arm, question, condition, baseline, n_pairs, device_kind, mean_baseline, mean_condition, mean_diff, ci_low,
-        ci_high, n_better, n_worse, p_value, p_holm, rank_biserial, verdict``, and for each side (``_condition``,
+        Columns ``arm, question`` and those of :func:`paired_table` (``condition, baseline, n_pairs, device_kind,
+        mean_baseline, mean_condition, mean_diff, ci_low, ci_high, n_better, n_worse, n_equal, p_value, p_holm,
+        rank_biserial, verdict``), and for each side (``_condition``,
         ``_baseline``) the means over the paired seeds of ``pad_mass``, ``flip_in`` (re-pad inside the training
         distribution), ``flip_stress`` (re-pad to twice the training maximum) and ``tokens_per_s``. An arm with
         fewer than 2 paired seeds has NaN statistics; ``p_holm`` is NaN for arms that are not yet answered.
@@ -117,32 +119,61 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
         ValueError: ``frame`` lacks the factor, ``seed`` or ``value`` columns, or a (condition, seed) run occurs
             twice on one kind of device.
     """
-    needed = {"pooling", "masking", "rnn_input", "batching", "precision", "seed", value}
-    missing = sorted(needed - set(frame.columns))
+    frame = runs_by_kind(frame, ("pooling", "masking", "rnn_input", "batching", "precision"), condition_id, value)
+    table = paired_table(frame, arms, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples, seed=seed)
+    names = pd.DataFrame([{"arm": a.name, "question": a.question} for a in arms])
+    return pd.concat([names, table], axis=1)
+
+
+def runs_by_kind(frame: pd.DataFrame, factors: tuple[str, ...], condition_of, value: str) -> pd.DataFrame:
+    """``frame`` (one row per run) with a ``condition`` column (``condition_of`` of each row's factors) and a
+    ``device_kind`` column (:func:`attnbook.store.device_kind` of its ``device``; ``"cpu"`` without one).
+
+    Raises:
+        ValueError: ``frame`` lacks a factor, ``seed`` or ``value`` column, or a (condition, seed) run occurs twice
+            on one kind of device.
+    """
+    missing = sorted({*factors, "seed", value} - set(frame.columns))
     if missing:
         raise ValueError(f"frame lacks the columns {missing}")
-    frame = frame.assign(condition=frame.apply(condition_id, axis=1) if len(frame) else pd.Series(dtype=str),
+    frame = frame.assign(condition=frame.apply(condition_of, axis=1) if len(frame) else pd.Series(dtype=str),
                          device_kind=[device_kind(d) for d in frame["device"]] if "device" in frame else "cpu")
     duplicated = frame.duplicated(["condition", "seed", "device_kind"])
     if duplicated.any():
         raise ValueError(f"runs occur twice: {frame.loc[duplicated, ['condition', 'seed']].values.tolist()[:5]}")
+    return frame
+
+
+def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: str = "test_accuracy",
+                 min_pairs: int = MIN_PAIRS, n_resamples: int = 9999, seed: int = 0) -> pd.DataFrame:
+    """One row per pair (anything with ``condition`` and ``baseline`` attributes) of the runs in ``frame`` (from
+    :func:`runs_by_kind`), on one kind of device each (the kind with more paired seeds; GPU on a tie).
+
+    Returns:
+        Columns ``condition, baseline, n_pairs, device_kind``, the paired statistics of ``value``
+        (:func:`attnbook.stats.compare_paired`: ``mean_baseline, mean_condition, mean_diff, ci_low, ci_high,
+        p_value, rank_biserial, n_better, n_worse, n_equal``; NaN with fewer than 2 paired seeds), for each entry
+        ``key: column`` of ``sides`` the means of ``column`` over the paired seeds as ``key_condition`` and
+        ``key_baseline`` (NaN where not measured), ``verdict`` (:func:`verdict`) and ``p_holm`` (Holm over the
+        answered rows, NaN for the others).
+    """
     rows = []
-    for arm in arms:
-        runs = _paired(frame, arm)
+    for pair in pairs:
+        runs = _paired(frame, pair)
         n = runs.seed.nunique()
-        row: dict = {"arm": arm.name, "question": arm.question, "condition": arm.condition, "baseline": arm.baseline,
-                     "n_pairs": n, "device_kind": runs.device_kind.iloc[0] if n else ""}
+        row: dict = {"condition": pair.condition, "baseline": pair.baseline, "n_pairs": n,
+                     "device_kind": runs.device_kind.iloc[0] if n else ""}
         stats = dict.fromkeys(["mean_baseline", "mean_condition", "mean_diff", "ci_low", "ci_high", "p_value",
                                "rank_biserial"], np.nan)
-        stats.update(n_better=0, n_worse=0)
+        stats.update(n_better=0, n_worse=0, n_equal=0)
         if n >= 2:
-            table = compare_paired(runs, value=value, condition="condition", baseline=arm.baseline,
-                                   comparisons=[arm.condition], n_resamples=n_resamples, seed=seed).iloc[0]
+            table = compare_paired(runs, value=value, condition="condition", baseline=pair.baseline,
+                                   comparisons=[pair.condition], n_resamples=n_resamples, seed=seed).iloc[0]
             stats = {k: table[k] for k in stats}
         row.update(stats)
-        for key, column in _SIDES.items():
+        for key, column in sides.items():
             for side in ("condition", "baseline"):
-                values = runs.loc[runs.condition == getattr(arm, side), column] if column in runs else pd.Series()
+                values = runs.loc[runs.condition == getattr(pair, side), column] if column in runs else pd.Series()
                 row[f"{key}_{side}"] = float(values.mean()) if values.notna().any() else np.nan
         row["verdict"] = verdict(n, row["ci_low"], row["ci_high"], min_pairs)
         rows.append(row)

@@ -61,12 +61,11 @@ from ..batching import RandomBatchSampler
 from ..models import padding_mask
 from ..provenance import provenance
 from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, run_tasks, seed_everything
-from ..stats import compare_paired, holm
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 from ..transformer import TransformerClassifier, pad_attention_mass
 from . import masking as _masking
 from .masking import _batch, _exact_length_batches, _writable
-from .masking_report import MIN_PAIRS, device_kind, verdict
+from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
 
 __all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid",
            "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS", "REFERENCE", "Comparison",
@@ -210,45 +209,10 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
     Chapter 8, section "Padding in a Transformer classifier"; the statistics are chapter 5's (section "Statistics
     for paired seeds").
     """
-    missing = sorted({*FACTORS, "seed", value} - set(frame.columns))
-    if missing:
-        raise ValueError(f"frame lacks the columns {missing}")
-    frame = frame.assign(condition=frame.apply(condition_id, axis=1) if len(frame) else pd.Series(dtype=str),
-                         device_kind=[device_kind(d) for d in frame["device"]] if "device" in frame else "cpu")
-    twice = frame.duplicated(["condition", "seed", "device_kind"])
-    if twice.any():
-        raise ValueError(f"runs occur twice: {frame.loc[twice, ['condition', 'seed']].values.tolist()[:5]}")
-    rows = []
-    for comp in comparisons:
-        runs = frame.iloc[:0]
-        for kind in ("gpu", "cpu"):
-            both = frame[frame.condition.isin([comp.condition, comp.baseline]) & (frame.device_kind == kind)]
-            complete = both.groupby("seed").condition.nunique()
-            both = both[both.seed.isin(complete[complete == 2].index)]
-            if both.seed.nunique() > runs.seed.nunique():
-                runs = both
-        n = runs.seed.nunique()
-        row = {**comp._asdict(), "n_pairs": n}
-        stats = dict.fromkeys(["mean_baseline", "mean_condition", "mean_diff", "ci_low", "ci_high", "p_value",
-                               "rank_biserial"], np.nan)
-        stats.update(n_better=0, n_worse=0, n_equal=0)
-        if n >= 2:
-            table = compare_paired(runs, value=value, condition="condition", baseline=comp.baseline,
-                                   comparisons=[comp.condition], n_resamples=n_resamples, seed=seed).iloc[0]
-            stats = {k: table[k] for k in stats}
-        row.update(stats)
-        for key, column in _SIDES.items():
-            for side in ("condition", "baseline"):
-                values = runs.loc[runs.condition == getattr(comp, side), column] if column in runs else pd.Series()
-                row[f"{key}_{side}"] = float(values.mean()) if values.notna().any() else np.nan
-        row["verdict"] = verdict(n, row["ci_low"], row["ci_high"], min_pairs)
-        rows.append(row)
-    out = pd.DataFrame(rows)
-    out["p_holm"] = np.nan
-    answered = out.verdict != "not yet answered"
-    if answered.any():
-        out.loc[answered, "p_holm"] = holm(out.loc[answered, "p_value"].to_numpy())
-    return out
+    frame = runs_by_kind(frame, FACTORS, condition_id, value)
+    table = paired_table(frame, comparisons, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples,
+                         seed=seed).drop(columns=["condition", "baseline", "device_kind"])
+    return pd.concat([pd.DataFrame([comp._asdict() for comp in comparisons]), table], axis=1)
 
 
 def prepare_data(cfg: TransformerPaddingConfig) -> dict:
