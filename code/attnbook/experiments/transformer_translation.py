@@ -35,15 +35,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from ..data.translation import TranslationData, prepare_translation
 from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import Decoded, Seq2Seq, make_seq2seq
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
-from ..text import PAD_ID, detokenize
+from ..text import detokenize
 from ..transformer import Transformer
-from .seq2seq import corpus_bleu, held_out_sources, length_bucket, make_batches, token_accuracy, translate
+from .seq2seq import (_loss, _mean_loss, corpus_bleu, held_out_sources, length_bucket, make_batches,  # chapter 4's
+                      token_accuracy, translate)
 
 __all__ = ["MODELS", "TranslationConfig", "TranslationResults", "build_model", "train_model", "evaluate",
            "run_experiment", "main", "LAYOUT"]
@@ -160,25 +160,6 @@ def build_model(kind: str, src_vocab_size: int, tgt_vocab_size: int, cfg: Transl
     return Transformer(src_vocab_size, tgt_vocab_size, cfg.d_model, cfg.nhead, cfg.num_layers, cfg.num_layers,
                        cfg.dim_feedforward, cfg.dropout, norm_first=cfg.norm_first, positional=cfg.positional,
                        max_len=max(cfg.max_decode_len, cfg.max_src_len or 0, cfg.max_tgt_len or 0) + 2)
-
-
-def _loss(model: Seq2Seq, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy of the target tokens (pads ignored) and their number."""
-    src, src_len, tgt_in, tgt_out = batch
-    logits, _ = model(src, src_len, tgt_in)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1), ignore_index=PAD_ID,
-                           reduction="sum")
-    return loss, int((tgt_out != PAD_ID).sum())
-
-
-@torch.no_grad()
-def _mean_loss(model: Seq2Seq, batches: list) -> float:
-    model.eval()
-    total, count = 0.0, 0
-    for batch in batches:
-        loss, n = _loss(model, batch)
-        total, count = total + loss.item(), count + n
-    return total / max(count, 1)
 
 
 def train_model(kind: str, data: TranslationData, cfg: TranslationConfig, device: torch.device | str = "cpu",
