@@ -377,7 +377,7 @@ def run_grid(cfg: TransformerPaddingConfig, data: dict | None = None, *, workers
         def describe(wall: float) -> dict:
             return provenance(wall_time_s=wall, device=device, workers=workers, only=only)
 
-        with open_store(out, cfg) as store, Session(store, describe, cli=False, workers=workers, only=only):
+        with open_store(out, cfg, device) as store, Session(store, describe, cli=False, workers=workers, only=only):
             return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
                             only=only, on_run=on_run)
     store = out
@@ -410,7 +410,7 @@ def run_grid(cfg: TransformerPaddingConfig, data: dict | None = None, *, workers
 #: The results store of this experiment (:mod:`attnbook.store`): a run is a (condition, seed); ``threads`` does not
 #: change results and ``seeds`` only chooses runs, so neither counts as configuration.
 LAYOUT = Layout("transformer_padding", keys=_KEYS, columns=(*_KEYS, *RESULT_COLUMNS, "device"),
-                not_configuration=("threads", "seeds"))
+                not_configuration=("threads", "seeds"), kind_column="device")
 
 
 def store_config(cfg: TransformerPaddingConfig) -> dict:
@@ -418,14 +418,17 @@ def store_config(cfg: TransformerPaddingConfig) -> dict:
     return {k: v for k, v in asdict(cfg).items() if k != "extra"}
 
 
-def open_store(out: str | Path, cfg: TransformerPaddingConfig) -> ResultsStore:
+def open_store(out: str | Path, cfg: TransformerPaddingConfig,
+               device: torch.device | str | None = None) -> ResultsStore:
     """Open the results store ``out`` for ``cfg`` (:class:`attnbook.store.ResultsStore`: lock, damaged tail, header
-    and configuration checked).
+    and configuration checked). A run's kind of device is part of its identity (:attr:`LAYOUT.kind_column
+    <attnbook.store.Layout.kind_column>`), so ``device`` says which kind of runs :meth:`~attnbook.store.ResultsStore.has`
+    asks about: a GPU run does not stand in for its CPU twin, nor the other way round.
 
     Raises:
         attnbook.store.StoreError: see :class:`~attnbook.store.ResultsStore`.
     """
-    return ResultsStore(out, LAYOUT, store_config(cfg)).open()
+    return ResultsStore(out, LAYOUT, store_config(cfg), device=None if device is None else str(device)).open()
 
 
 def _complete_seeds(frame: pd.DataFrame, only: list[str] | None = None) -> int:
@@ -469,7 +472,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     device = torch.device(args.device) if args.device else get_device()
     out = args.out
     try:
-        store = open_store(out, cfg)
+        store = open_store(out, cfg, device)
     except StoreError as err:
         parser.error(str(err))
     latest = {"frame": store.frame()}
