@@ -203,9 +203,9 @@ def run_one(cfg: SinksConfig, train: dict, test: dict, condition: str, seed: int
     frame = pd.DataFrame({
         "match": test["match"].numpy(), "n_keys": test["lengths"].numpy(),
         "correct": (logits.argmax(-1) == test["target"]).numpy(),
-        "key_mass": (weights * real[:, None, :]).sum(-1).mean(1).numpy(),
-        "pad_mass": (weights * ~real[:, None, :]).sum(-1).mean(1).numpy(),
-        "sink_weight": sink.mean(1).numpy() if sink is not None else np.full(len(test["target"]), np.nan)})
+        "key_mass": (weights * real[:, None, :]).sum(-1).mean(1).double().numpy(),
+        "pad_mass": (weights * ~real[:, None, :]).sum(-1).mean(1).double().numpy(),
+        "sink_weight": sink.mean(1).double().numpy() if sink is not None else np.full(len(test["target"]), np.nan)})
     groups = frame.groupby(["match", "n_keys"], sort=True)
     table = groups[["key_mass", "pad_mass", "sink_weight"]].mean()
     table.insert(0, "accuracy", groups["correct"].mean())
