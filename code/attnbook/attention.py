@@ -475,6 +475,14 @@ class MultiHeadAttention(nn.Module):
         """``(batch, n, embed_dim)`` -> ``(batch, heads, n, head_dim)``."""
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
 
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor | tuple[Tensor, Tensor]:
+        """The weighting of the heads on projected ``(batch, heads, n, head_dim)`` inputs and a checked ``mask``
+        (bool, True = takes part): the context ``(batch, heads, n_queries, head_dim)``, with the weights
+        ``(batch, heads, n_queries, n_keys)`` when ``need_weights``. A subclass that weighs differently (e.g.
+        :class:`attnbook.sinks.SinkMultiHeadAttention`) overrides this alone."""
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0,
+                                            return_weights=self.need_weights)
+
     def forward(self, queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None = None) -> Tensor:
         _check_qkv(queries, keys, values, same_d=False)
         for name, x, size in (("queries", queries, self.embed_dim), ("keys", keys, self.kdim),
@@ -485,8 +493,7 @@ class MultiHeadAttention(nn.Module):
             _check_mask(mask, (max(queries.shape[0], keys.shape[0]), queries.shape[1], keys.shape[1]))
             mask = mask.unsqueeze(-3)  # the same mask for every head
         q, k, v = self._split(self.q_proj(queries)), self._split(self.k_proj(keys)), self._split(self.v_proj(values))
-        result = scaled_dot_product_attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0,
-                                              return_weights=self.need_weights)
+        result = self._attend(q, k, v, mask)
         if self.need_weights:
             result, weights = result
             self.attention_weights = weights.detach()
