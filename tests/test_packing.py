@@ -171,7 +171,7 @@ def test_pack_collate_holds_every_token_once_in_order(lengths, max_len, seed):
      "document 1 appears 2 times in rows"),
     ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([0, 2]), [[0, 1]]), ValueError,
      "the packed documents' lengths must lie in [1, max_len=3], got min 0 and max 2"),
-    ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2]), [[True]]), TypeError, "rows[0] must hold int"),
+    ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2]), [[True]]), TypeError, "rows must hold int indices, got bools"),
     ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2]), []), ValueError, "rows must hold at least one row"),
 ])
 def test_pack_collate_errors(args, error, message):
@@ -304,7 +304,10 @@ def test_a_packed_review_gets_the_logits_it_gets_alone(readout, positional):
     alone = torch.cat([model(ids[i : i + 1, : lengths[i]], lengths[i : i + 1])[0] for i in batch.order.tolist()])
     torch.testing.assert_close(logits, alone, atol=1e-12, rtol=1e-12)
     assert attention.shape == (3, 2, 2, 14, 14)
-    assert attention[~document_mask(batch.doc_ids)[:, None, None].expand_as(attention)].abs().max() == 0
+    same = batch.doc_ids[:, :, None] == batch.doc_ids[:, None, :]                # pads form one more block
+    assert attention[~same[:, None, None].expand_as(attention)].abs().max() == 0   # no weight across documents
+    real = (batch.doc_ids >= 0)[:, None, None, :, None].expand_as(attention)
+    torch.testing.assert_close(attention.sum(-1)[real[..., 0]], torch.ones(int(real[..., 0].sum()), dtype=torch.double))
     contaminated, _ = model.forward_packed(batch.ids, batch.doc_ids, isolate=False)
     assert (contaminated - alone).abs().max() > 1e-3
     running, _ = model.forward_packed(batch.ids, batch.doc_ids, torch.arange(14))  # positions run on across reviews

@@ -554,10 +554,10 @@ def pack_collate(ids: Tensor, lengths: Tensor, rows: Sequence[Sequence[int]], *,
     if ids.dim() != 2 or lengths.shape != (ids.shape[0],):
         raise ValueError(f"expected ids (n, max_len) and lengths (n,), got ids {tuple(ids.shape)} "
                          f"and lengths {tuple(lengths.shape)}")
-    per_row = [_as_indices(row, f"rows[{b}]", ids.shape[0], "documents") for b, row in enumerate(rows)]
-    if not per_row:
+    if isinstance(rows, (str, bytes)) or not len(rows):
         raise ValueError("rows must hold at least one row")
-    order = torch.cat(per_row).to(torch.long)
+    per_row = [row.tolist() if isinstance(row, Tensor) else list(row) for row in rows]
+    order = _as_indices([i for row in per_row for i in row], "rows", ids.shape[0], "documents")  # checked at once
     if len(torch.unique(order)) != len(order):
         counts = torch.bincount(order)
         raise ValueError(f"document {int(counts.argmax())} appears {int(counts.max())} times in rows; "

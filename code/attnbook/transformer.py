@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention, _check_mask, _check_qkv, causal_mask, scaled_dot_product_attention
-from .batching import check_document_ids, document_mask, document_positions
+from .batching import check_document_ids, document_positions
 from .masking import as_integer_tensor, check_bool_mask, check_int, check_lengths_for, check_mask_for, lengths_to_mask
 from .models import padding_mask as side_padding_mask
 from .seq2seq import EncoderOutput, Seq2Seq, _check_ids, _check_lengths
@@ -1057,10 +1057,12 @@ class TransformerClassifier(nn.Module):
             positions: int ``(B, L)`` or ``(L,)``, >= 0; ``None`` = restarting at 0 in every document
                 (:func:`attnbook.batching.document_positions`), so each review gets the positions it has alone.
                 Pass ``torch.arange(L)`` to see what positions that run on across documents do.
-            isolate: True = the block-diagonal document mask in every self-attention
-                (:func:`attnbook.batching.document_mask`, bool, True = takes part): no review attends to another
-                and a packed review gets the logits it gets alone. False = only pads are masked: reviews attend to
-                each other (cross-contamination, for the chapter's demonstration).
+            isolate: True = the block-diagonal document mask in every self-attention (bool, True = takes part):
+                :func:`attnbook.batching.document_mask`, except that the pads at the end of a row form a block of
+                their own (they attend to each other, so that no query is fully masked and torch's fused kernel runs
+                unguarded; no review sees a pad, and the pads' outputs are never read). No review attends to another
+                and a packed review gets the logits it gets alone. False = reviews attend to each other
+                (cross-contamination, for the chapter's demonstration), but still not to pads.
             return_attention: also return the weights ``(B, num_layers, nhead, L, L)`` (detached).
 
         Returns:
@@ -1088,7 +1090,11 @@ class TransformerClassifier(nn.Module):
         else:
             positions = _check_positions(positions, batch, length).to(ids.device)
         real = doc_ids >= 0
-        mask = document_mask(doc_ids) if isolate else real[:, :, None] & real[:, None, :]
+        # The pads at the end of a row form one more block (pads attend to pads only): no review attends to a pad or
+        # a pad to a review, as with document_mask, but no query is left without a key, so torch's fused kernel runs
+        # without attnbook's guard for fully masked rows (the pads' outputs are never read).
+        same = doc_ids[:, :, None] == doc_ids[:, None, :]
+        mask = same if isolate else same | (real[:, :, None] & real[:, None, :])
         x = self.embedding(ids, positions)
         for layer in self.encoder.layers:
             layer.self_attn.need_weights = return_attention
