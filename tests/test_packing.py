@@ -171,7 +171,8 @@ def test_pack_collate_holds_every_token_once_in_order(lengths, max_len, seed):
      "document 1 appears 2 times in rows"),
     ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([0, 2]), [[0, 1]]), ValueError,
      "the packed documents' lengths must lie in [1, max_len=3], got min 0 and max 2"),
-    ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2]), [[True]]), TypeError, "rows must hold int indices, got bools"),
+    ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2]), [[True]]), TypeError,
+     "rows must hold int indices, got bools"),
     ((torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2]), []), ValueError, "rows must hold at least one row"),
 ])
 def test_pack_collate_errors(args, error, message):
