@@ -19,7 +19,8 @@ thing, each document's own attention as if it stood alone, and returns it in the
 What runs where, with the pinned torch 2.13 (:func:`backend_status` says it for the current machine): on a CPU the
 dense mask, FlexAttention in eager mode (its unfused reference implementation, which materializes the scores; the
 first call takes several seconds to set up), FlexAttention under ``torch.compile`` (the inductor backend compiles a
-C++ kernel with the system's C compiler: about 40 seconds on a busy 2-core machine for the first call) and the
+C++ kernel with the system's C compiler: about 40 seconds on a busy 2-core machine for the first call; fp32, fp16
+and bf16 only: in fp64 inductor raises ``LoweringException: NotImplementedError``) and the
 nested-tensor varlen path; ``varlen_attn`` raises ``NotImplementedError`` on a CPU (``aten::_flash_attention_forward``
 has no CPU kernel), so :func:`varlen_attention` with ``backend="varlen"`` raises :class:`BackendUnavailable` there.
 
@@ -113,7 +114,8 @@ def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *,
             eager path is chosen on purpose); its first call in a process takes several seconds (imports and
             tracing). True = ``torch.compile(flex_attention)``, a fused kernel; on a CPU inductor compiles C++ with
             the system's compiler (about 40 s for the first call on a busy 2-core machine, cached afterwards;
-            fp32 checked here).
+            fp32 checked here). Compiled on a CPU, FlexAttention takes fp32, fp16 and bf16 only: fp64 raises
+            (inductor's ``LoweringException: NotImplementedError``, reported as :class:`BackendUnavailable`).
         scale: of the scores; ``None`` = ``1 / sqrt(D)``.
 
     Returns:
