@@ -26,6 +26,10 @@ One module per concept (see the chapter → module table in the repository's REA
   :mod:`attnbook.experiments.attention_explanation`; reviews in :mod:`attnbook.data.reviews`.
 - :mod:`attnbook.transformer` -- positional encodings, Transformer layers, a translation model and an encoder
   classifier (chapter "Self-attention and the Transformer").
+- :mod:`attnbook.packing` -- attention over packed rows with a dense document mask, FlexAttention and variable-length
+  kernels; the packing itself (:func:`attnbook.batching.pack_documents`, document masks and positions) in
+  :mod:`attnbook.batching`, the experiment and its CLI in :mod:`attnbook.experiments.packing` (chapter 9, section
+  "Packing instead of padding").
 - :mod:`attnbook.runtime`  -- run mode (quick/full), device, seeding, glue and wall time.
 - :mod:`attnbook.plotting` -- the book's plot style and token-labelled attention heatmaps.
 - :mod:`attnbook.provenance` -- where and how a stored result was produced.

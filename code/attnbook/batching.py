@@ -7,18 +7,29 @@ within pools) against the baseline :class:`RandomBatchSampler`, measured by :fun
 Both samplers are ``torch.utils.data.Sampler[list[int]]``: pass one as ``batch_sampler=`` to a ``DataLoader``.
 Each epoch's order comes from a ``torch.Generator`` seeded with ``seed + epoch``; call ``set_epoch`` as for
 ``DistributedSampler``. Mask convention, as everywhere in attnbook: bool, True = the position takes part.
+
+Packing instead of padding (chapter 9, section "Packing instead of padding"): several documents share one row of at
+most ``max_len`` tokens (:func:`pack_documents`, :func:`pack_collate`); a row's *document ids* (``doc_ids``, int64
+``(B, L)``: ``0, 0, 0, 1, 1, 2, ..., -1, -1``) say which document each position belongs to, ``-1`` = a pad at the
+end of the row. :func:`document_mask` turns them into the block-diagonal attention mask (no document attends to
+another), :func:`document_positions` into positions that restart at 0 in every document, and
+:func:`document_offsets` into the cumulative offsets (``cu_seqlens``) of variable-length kernels. The attention
+backends that read them are in :mod:`attnbook.packing`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from .masking import as_integer_tensor
+from .masking import as_integer_tensor, check_int
 
-__all__ = ["BucketBatchSampler", "RandomBatchSampler", "padding_fraction", "pad_to_batch"]
+__all__ = ["BucketBatchSampler", "RandomBatchSampler", "padding_fraction", "pad_to_batch", "PACKING_METHODS",
+           "pack_documents", "document_ids", "check_document_ids", "document_mask", "document_positions",
+           "document_offsets", "PackedBatch", "pack_collate"]
 
 
 def _as_lengths(lengths: object) -> Tensor:
@@ -257,3 +268,308 @@ def pad_to_batch(ids: Tensor, lengths: Tensor, batch: Sequence[int] | Tensor, *,
     shift = (width - batch_lengths).unsqueeze(1)  # pads in front of row i
     source = (positions - shift).clamp(min=0)
     return torch.where(positions >= shift, rows.gather(1, source), 0), batch_lengths
+
+
+# ----------------------------------------------------------------------------------------------- packing
+#: The packing methods of :func:`pack_documents`.
+PACKING_METHODS = ("first_fit_decreasing", "greedy")
+
+
+def _first_fit(lengths: list[int], order: list[int], max_len: int) -> list[list[int]]:
+    """First fit in ``order``: each document goes into the first (oldest) row with room, else into a new row. The
+    rows' free space sits in a max segment tree, so a placement costs O(log n) (about 0.1 s for 40,000 documents)."""
+    size = 1
+    while size < len(order):
+        size *= 2
+    free = [0] * (2 * size)           # leaves: free space of row i (0 for rows not opened yet); nodes: the max
+    rows: list[list[int]] = []
+    for i in order:
+        need = lengths[i]
+        if free[1] >= need:           # descend to the leftmost row with room
+            node = 1
+            while node < size:
+                node = 2 * node if free[2 * node] >= need else 2 * node + 1
+            row = node - size
+        else:                         # open a new row
+            row = len(rows)
+            rows.append([])
+            node = row + size
+            free[node] = max_len
+        rows[row].append(i)
+        free[node] -= need
+        node //= 2
+        while node:
+            free[node] = max(free[2 * node], free[2 * node + 1])
+            node //= 2
+    return rows
+
+
+def pack_documents(lengths: Sequence[int] | Tensor, max_len: int, *, method: str = "first_fit_decreasing",
+                   seed: int = 0) -> list[list[int]]:
+    """Pack documents into rows of at most ``max_len`` tokens; every document goes whole into exactly one row.
+
+    Args:
+        lengths: 1-D integer ``(n,)``, each document's length in tokens (>= 1), e.g. the lengths of one batch.
+        max_len: the most tokens a row holds (>= 1).
+        method: ``"first_fit_decreasing"`` (the default): the documents sorted by decreasing length (ties by
+            index), each put into the first row that still has room, else into a new row. It is deterministic and
+            tight: never more than ``11/9 OPT + 6/9`` rows, where ``OPT`` is the fewest possible (Dósa 2007), so it
+            leaves the fewest pads; the rows come out roughly from the longest documents to the shortest, so
+            shuffle the rows (or pack each random batch of documents, as :mod:`attnbook.experiments.packing` does)
+            before training on them. ``"greedy"``: the documents in a random order (a ``torch.Generator`` seeded
+            with ``seed``), each appended to the current row while it fits, else starting a new row ("next fit",
+            T5's concatenation of examples without splitting them): a new random packing for every seed, with more
+            pads.
+        seed: the order of ``"greedy"`` (ignored by ``"first_fit_decreasing"``).
+
+    Returns:
+        ``list[list[int]]``: the rows, each a list of indices into ``lengths`` in the order of the documents in the
+        row; every index in ``0 .. n - 1`` appears exactly once, and ``sum(lengths[row]) <= max_len`` for every
+        row. Pass the rows to :func:`pack_collate` (after mapping them to dataset indices where ``lengths`` were a
+        batch's).
+
+    Raises:
+        TypeError: ``lengths`` not of an integer dtype; ``max_len`` or ``seed`` not an int.
+        ValueError: ``lengths`` empty, not 1-D or with a length < 1; ``max_len < 1``; an unknown ``method``; a
+            document longer than ``max_len`` (the message gives its index and length). Long documents are
+            rejected, not truncated: truncation would silently drop tokens; cut them when encoding instead
+            (:func:`attnbook.text.encode` takes a ``max_len``).
+
+    Krell et al. (2021), "Efficient sequence packing without cross-contamination", section 3 (packing as bin
+    packing; first-fit decreasing among their baselines); Raffel et al. (2020, T5), section 3.1.2 (packing
+    examples into rows). Chapter 9, section "Packing instead of padding".
+    """
+    t = _as_lengths(lengths)
+    max_len = check_int(max_len, "max_len", minimum=1)
+    seed = check_int(seed, "seed")
+    if method not in PACKING_METHODS:
+        raise ValueError(f"method must be one of {list(PACKING_METHODS)}, got {method!r}")
+    too_long = torch.nonzero(t > max_len).flatten()
+    if too_long.numel():
+        i = int(too_long[0])
+        raise ValueError(f"document {i} has length {int(t[i])} > max_len={max_len} ({too_long.numel()} documents "
+                         "too long); pack_documents does not truncate: cut documents to max_len when encoding them")
+    lengths_list = t.tolist()
+    if method == "first_fit_decreasing":
+        return _first_fit(lengths_list, torch.argsort(-t, stable=True).tolist(), max_len)
+    rows: list[list[int]] = []
+    used = max_len  # forces a new row for the first document
+    for i in torch.randperm(len(t), generator=torch.Generator().manual_seed(seed)).tolist():
+        if used + lengths_list[i] > max_len:
+            rows.append([])
+            used = 0
+        rows[-1].append(i)
+        used += lengths_list[i]
+    return rows
+
+
+def document_ids(row_lengths: Sequence[Sequence[int]], width: int | None = None) -> Tensor:
+    """Document ids of packed rows, from the lengths of the documents in each row.
+
+    Args:
+        row_lengths: one sequence per row of the lengths (>= 1) of its documents, in order; e.g. ``[[3, 2], [4]]``.
+        width: the row length ``L``; ``None`` = the longest row's total.
+
+    Returns:
+        int64 ``(B, L)``: in row ``b``, the first document's positions hold 0, the next document's 1, and so on;
+        the pads after the last document hold -1. ``[[3, 2], [4]]`` gives ``[[0, 0, 0, 1, 1], [0, 0, 0, 0, -1]]``.
+
+    Raises:
+        TypeError: a length that is not an int. ValueError: no rows, a length < 1, or a row longer than
+            ``width`` (the message gives the row and its total).
+
+    Chapter 9, section "Packing instead of padding".
+    """
+    rows = [[check_int(n, f"row_lengths[{b}]", minimum=1) for n in row] for b, row in enumerate(row_lengths)]
+    if not rows:
+        raise ValueError("row_lengths must hold at least one row")
+    totals = [sum(row) for row in rows]
+    width = max(totals) if width is None else check_int(width, "width", minimum=0)
+    for b, total in enumerate(totals):
+        if total > width:
+            raise ValueError(f"row {b} holds {total} tokens, more than width={width}")
+    out = torch.full((len(rows), width), -1, dtype=torch.long)
+    for b, row in enumerate(rows):
+        if row:
+            out[b, : totals[b]] = torch.repeat_interleave(torch.arange(len(row)), torch.tensor(row))
+    return out
+
+
+def check_document_ids(doc_ids: object, name: str = "doc_ids") -> Tensor:
+    """Raise unless ``doc_ids`` are the document ids of packed rows; return them.
+
+    Valid: an integer tensor ``(B, L)`` in which each row is ``0, ..., 0, 1, ..., 1, ..., k-1, -1, ..., -1``:
+    documents numbered from 0 in order, each one contiguous run, pads (-1) only at the end of the row (a row may be
+    all pads). This is what :func:`document_ids` and :func:`pack_collate` make.
+
+    Raises:
+        TypeError: not an integer tensor (bools and floats are refused). ValueError: not 2-D, a value < -1, a pad
+            before a real token, a row whose first document is not 0, or ids that skip or go back (the message
+            gives the row).
+
+    Chapter 9, section "Packing instead of padding".
+    """
+    if not isinstance(doc_ids, Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor (batch, length), got {type(doc_ids).__name__}")
+    as_integer_tensor(doc_ids, name)
+    if doc_ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, length), got {tuple(doc_ids.shape)}")
+    if doc_ids.numel() == 0:
+        return doc_ids
+    if int(doc_ids.min()) < -1:
+        raise ValueError(f"{name} must be >= -1 (-1 = pad), got min {int(doc_ids.min())}")
+    real = doc_ids >= 0
+    problems = (
+        (real[:, 1:] & ~real[:, :-1]).any(1), "has a pad (-1) before a real token: pads go at the end of a row",
+        real[:, 0] & (doc_ids[:, 0] != 0), "does not start with document 0",
+        (real[:, 1:] & ((doc_ids[:, 1:] - doc_ids[:, :-1] < 0) | (doc_ids[:, 1:] - doc_ids[:, :-1] > 1))).any(1),
+        "skips or repeats a document id: ids must go 0, 0, ..., 1, 1, ..., each document one contiguous run",
+    )
+    for bad, what in zip(problems[::2], problems[1::2]):
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0])
+            raise ValueError(f"{name} row {b} {what}; got {doc_ids[b, :20].tolist()}")
+    return doc_ids
+
+
+def document_mask(doc_ids: Tensor) -> Tensor:
+    """The block-diagonal (document) attention mask of packed rows.
+
+    Args:
+        doc_ids: int ``(B, L)`` document ids (see :func:`check_document_ids`; -1 = pad).
+
+    Returns:
+        bool ``(B, L, L)``, on ``doc_ids``' device: ``mask[b, i, j]`` is True (= takes part, as the boolean
+        ``attn_mask`` of ``torch.nn.functional.scaled_dot_product_attention``) where query ``i`` and key ``j`` are
+        real tokens of the same document: ``doc_ids[b, i] == doc_ids[b, j] >= 0``. Pads take part in nothing; their
+        rows are all False (attnbook's attention gives such a query a zero output). torch's
+        ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` take the opposite polarity: pass ``~mask``.
+
+    Raises:
+        TypeError, ValueError: ``doc_ids`` invalid, as in :func:`check_document_ids`.
+
+    Krell et al. (2021), section 4 (the block-diagonal mask that prevents cross-contamination). Chapter 9, section
+    "Packing instead of padding".
+    """
+    check_document_ids(doc_ids)
+    return (doc_ids[:, :, None] == doc_ids[:, None, :]) & (doc_ids >= 0)[:, :, None]
+
+
+def document_positions(doc_ids: Tensor) -> Tensor:
+    """Positions that restart at 0 in every document of a packed row.
+
+    Args:
+        doc_ids: int ``(B, L)`` document ids (see :func:`check_document_ids`; -1 = pad).
+
+    Returns:
+        int64 ``(B, L)``: each document's tokens get ``0, 1, ..., n - 1``, as if it stood alone at the start of a
+        row; pads get 0. ``[[0, 0, 0, 1, 1, -1]]`` gives ``[[0, 1, 2, 0, 1, 0]]``.
+
+    Raises:
+        TypeError, ValueError: ``doc_ids`` invalid, as in :func:`check_document_ids`.
+
+    Krell et al. (2021), section 4 (position ids restarted per sequence). Chapter 9, section "Packing instead of
+    padding".
+    """
+    check_document_ids(doc_ids)
+    index = torch.arange(doc_ids.shape[1], device=doc_ids.device).expand_as(doc_ids)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    start_index = torch.where(starts, index, 0).cummax(1).values  # index where the current document began
+    return torch.where(doc_ids >= 0, index - start_index, 0)
+
+
+def document_offsets(doc_ids: Tensor) -> tuple[Tensor, int]:
+    """The cumulative offsets (``cu_seqlens``) of the documents of packed rows, for variable-length kernels.
+
+    Args:
+        doc_ids: int ``(B, L)`` document ids (see :func:`check_document_ids`; -1 = pad).
+
+    Returns:
+        ``(offsets, max_doc_len)``: ``offsets`` int64 ``(N + 1,)`` for the ``N`` documents of all rows, in row-major
+        order, with ``offsets[0] = 0`` and ``offsets[d + 1] - offsets[d]`` = the length of document ``d``: the
+        documents' tokens are ``doc_ids[doc_ids >= 0]``'s positions, flattened row by row (what ``x[doc_ids >=
+        0]`` selects); ``max_doc_len`` the longest document (0 if there is none). FlashAttention-2's
+        ``flash_attn_varlen_func`` and ``torch.nn.attention.varlen.varlen_attn`` take them as int32
+        (``offsets.int()``); ``torch.nested.nested_tensor_from_jagged`` as int64.
+
+    Raises:
+        TypeError, ValueError: ``doc_ids`` invalid, as in :func:`check_document_ids`.
+
+    Dao (2023), FlashAttention-2 (its variable-length interface). Chapter 9, section "Packing instead of padding".
+    """
+    check_document_ids(doc_ids)
+    n_docs = (doc_ids.max(1).values + 1).clamp_min(0) if doc_ids.shape[1] else doc_ids.new_zeros(len(doc_ids))
+    first = n_docs.cumsum(0) - n_docs                            # the flat number of each row's document 0
+    real = doc_ids >= 0
+    lengths = torch.bincount((first[:, None] + doc_ids)[real], minlength=int(n_docs.sum()))   # row-major order
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long, device=doc_ids.device)
+    offsets[1:] = lengths.cumsum(0)
+    return offsets, int(lengths.max()) if len(lengths) else 0
+
+
+class PackedBatch(NamedTuple):
+    """One batch of packed rows (:func:`pack_collate`): ``ids`` int64 ``(B, L)`` (pads 0), ``doc_ids`` int64
+    ``(B, L)`` (-1 = pad), ``positions`` int64 ``(B, L)`` (restarting per document), ``order`` int64 ``(N,)`` (the
+    dataset index of each document, row-major: ``labels[order]`` lines up with per-document outputs) and
+    ``lengths`` int64 ``(N,)`` (each document's length, same order)."""
+
+    ids: Tensor
+    doc_ids: Tensor
+    positions: Tensor
+    order: Tensor
+    lengths: Tensor
+
+
+def pack_collate(ids: Tensor, lengths: Tensor, rows: Sequence[Sequence[int]], *, width: int | None = None
+                 ) -> PackedBatch:
+    """Cut packed rows out of right-padded storage: the documents of each row, one after another, then pads.
+
+    Args:
+        ids: int ``(n, max_len)``, the whole dataset right-padded with pad id 0 (as from
+            :func:`attnbook.text.pad_batch`; the storage of :func:`pad_to_batch`).
+        lengths: int ``(n,)``, the number of real tokens of each document (1 ..  ``max_len``).
+        rows: the packing: one sequence of dataset indices per row, e.g. :func:`pack_documents` of a batch's
+            lengths mapped back to dataset indices. An index may appear only once.
+        width: the row length ``L``; ``None`` = the longest row's total.
+
+    Returns:
+        :class:`PackedBatch` ``(ids, doc_ids, positions, order, lengths)``: ``ids`` int64 ``(B, L)`` with row ``b``
+        = the tokens of ``rows[b][0]``, then of ``rows[b][1]``, ..., then 0; ``doc_ids`` (:func:`document_ids`);
+        ``positions`` (:func:`document_positions`); ``order`` the dataset indices of the documents in row-major
+        order; ``lengths`` their lengths. Masks: :func:`document_mask` ``(doc_ids)`` (bool, True = takes part).
+
+    Raises:
+        TypeError: ``ids`` or ``lengths`` not a tensor, not of an integer dtype; ``rows`` holding bools or floats.
+        ValueError: ``ids`` not 2-D or ``lengths`` not ``(n,)`` (the message gives both shapes); a length outside
+            ``[1, max_len]`` among the packed documents; an index outside ``[0, n)`` or given twice; no rows; a row
+            longer than ``width``.
+
+    Chapter 9, section "Packing instead of padding".
+    """
+    for name, t in (("ids", ids), ("lengths", lengths)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        as_integer_tensor(t, name)
+    if ids.dim() != 2 or lengths.shape != (ids.shape[0],):
+        raise ValueError(f"expected ids (n, max_len) and lengths (n,), got ids {tuple(ids.shape)} "
+                         f"and lengths {tuple(lengths.shape)}")
+    if isinstance(rows, (str, bytes)) or not len(rows):
+        raise ValueError("rows must hold at least one row")
+    per_row = [row.tolist() if isinstance(row, Tensor) else list(row) for row in rows]
+    order = _as_indices([i for row in per_row for i in row], "rows", ids.shape[0], "documents")  # checked at once
+    if len(torch.unique(order)) != len(order):
+        counts = torch.bincount(order)
+        raise ValueError(f"document {int(counts.argmax())} appears {int(counts.max())} times in rows; "
+                         "each document goes into one row once")
+    doc_lengths = lengths.to(torch.long).cpu()[order]
+    if len(order) and (int(doc_lengths.min()) < 1 or int(doc_lengths.max()) > ids.shape[1]):
+        raise ValueError(f"the packed documents' lengths must lie in [1, max_len={ids.shape[1]}], got min "
+                         f"{int(doc_lengths.min())} and max {int(doc_lengths.max())}")
+    row_lengths = [part.tolist() for part in torch.split(doc_lengths, [len(row) for row in per_row])]
+    doc_ids = document_ids(row_lengths, width).to(ids.device)
+    source = ids.to(torch.long)[order.to(ids.device)]                   # (N, max_len)
+    keep = torch.arange(ids.shape[1], device=ids.device) < doc_lengths.to(ids.device)[:, None]
+    packed = torch.zeros(doc_ids.shape, dtype=torch.long, device=ids.device)
+    packed[doc_ids >= 0] = source[keep]       # both in row-major order: documents one after another
+    return PackedBatch(packed, doc_ids, document_positions(doc_ids), order, doc_lengths)

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention, _check_mask, _check_qkv, causal_mask, scaled_dot_product_attention
+from .batching import check_document_ids, document_positions
 from .masking import as_integer_tensor, check_bool_mask, check_int, check_lengths_for, check_mask_for, lengths_to_mask
 from .models import padding_mask as side_padding_mask
 from .seq2seq import EncoderOutput, Seq2Seq, _check_ids, _check_lengths
@@ -995,6 +996,8 @@ class TransformerClassifier(nn.Module):
             ``lengths`` not ``(batch,)`` or outside ``[0, length]``.
         TypeError: ``ids`` or ``lengths`` not integer tensors.
 
+    Packed rows (several reviews in one row, chapter 9): :meth:`forward_packed`.
+
     Chapter 8, section "Padding in a Transformer classifier" (the padding experiments of chapter 5, now with
     self-attention).
     """
@@ -1038,6 +1041,75 @@ class TransformerClassifier(nn.Module):
         else:
             pooled = (h * real[..., None]).sum(1) / lengths.clamp_min(1)[:, None].to(h.dtype)
         pooled = torch.where(has_token, pooled, torch.zeros((), dtype=h.dtype, device=h.device))
+        attention = None
+        if return_attention:
+            attention = torch.stack([layer.self_attn.attention_weights for layer in self.encoder.layers], 1)
+        return self.classifier(pooled), attention
+
+    def forward_packed(self, ids: Tensor, doc_ids: Tensor, positions: Tensor | None = None, *,
+                       isolate: bool = True, return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Classify every document of packed rows (several reviews one after another in a row).
+
+        Args:
+            ids: int64 ``(B, L)``, the packed token ids (pads 0), e.g. from :func:`attnbook.batching.pack_collate`.
+            doc_ids: int ``(B, L)``: ``0, 0, 1, 1, 1, ..., -1`` (:func:`attnbook.batching.check_document_ids`;
+                -1 = a pad at the end of the row).
+            positions: int ``(B, L)`` or ``(L,)``, >= 0; ``None`` = restarting at 0 in every document
+                (:func:`attnbook.batching.document_positions`), so each review gets the positions it has alone.
+                Pass ``torch.arange(L)`` to see what positions that run on across documents do.
+            isolate: True = the block-diagonal document mask in every self-attention (bool, True = takes part):
+                :func:`attnbook.batching.document_mask`, except that the pads at the end of a row form a block of
+                their own (they attend to each other, so that no query is fully masked and torch's fused kernel runs
+                unguarded; no review sees a pad, and the pads' outputs are never read). No review attends to another
+                and a packed review gets the logits it gets alone. False = reviews attend to each other
+                (cross-contamination, for the chapter's demonstration), but still not to pads.
+            return_attention: also return the weights ``(B, num_layers, nhead, L, L)`` (detached).
+
+        Returns:
+            ``(logits (N, num_classes), attention)``: one row per document, in row-major order (row 0's documents
+            in order, then row 1's...): the order of ``PackedBatch.order``, so ``labels[order]`` lines up. The
+            readout is per document: ``"mean"`` = the mean of the encoder's outputs over the document's tokens,
+            ``"first"`` = the output at its first token. ``masked`` and ``padding_side`` do not apply here.
+
+        Raises:
+            TypeError: ``ids``, ``doc_ids`` or ``positions`` not integer tensors. ValueError: ``ids`` not 2-D,
+                ``doc_ids`` not ``ids``' shape (the message gives both) or not valid document ids, ``positions`` of
+                the wrong shape or negative.
+
+        Krell et al. (2021), "Efficient sequence packing without cross-contamination", section 4. Chapter 9,
+        section "Packing instead of padding".
+        """
+        _check_ids("ids", ids)
+        check_document_ids(doc_ids)
+        if doc_ids.shape != ids.shape:
+            raise ValueError(f"doc_ids must have the shape of ids {tuple(ids.shape)}, got {tuple(doc_ids.shape)}")
+        doc_ids = doc_ids.to(device=ids.device, dtype=torch.long)
+        batch, length = ids.shape
+        if positions is None:
+            positions = document_positions(doc_ids)
+        else:
+            positions = _check_positions(positions, batch, length).to(ids.device)
+        real = doc_ids >= 0
+        # The pads at the end of a row form one more block (pads attend to pads only): no review attends to a pad or
+        # a pad to a review, as with document_mask, but no query is left without a key, so torch's fused kernel runs
+        # without attnbook's guard for fully masked rows (the pads' outputs are never read).
+        same = doc_ids[:, :, None] == doc_ids[:, None, :]
+        mask = same if isolate else same | (real[:, :, None] & real[:, None, :])
+        x = self.embedding(ids, positions)
+        for layer in self.encoder.layers:
+            layer.self_attn.need_weights = return_attention
+        h = self.encoder(x, self_mask=mask, positions=positions if self.embedding.kind == "rope" else None)
+        n_docs = (doc_ids.max(1).values + 1).clamp_min(0) if length else doc_ids.new_zeros(batch)
+        first = n_docs.cumsum(0) - n_docs                                  # flat number of each row's document 0
+        flat = (first[:, None] + doc_ids)[real]                            # each real token's document, row-major
+        total = int(n_docs.sum())
+        if self.readout == "mean":
+            sums = h.new_zeros(total, h.shape[-1]).index_add_(0, flat, h[real])
+            pooled = sums / torch.bincount(flat, minlength=total).clamp_min(1)[:, None].to(h.dtype)
+        else:
+            starts = real.clone()
+            starts[:, 1:] &= doc_ids[:, 1:] != doc_ids[:, :-1]             # each document's first token
+            pooled = h[starts]
         attention = None
         if return_attention:
             attention = torch.stack([layer.self_attn.attention_weights for layer in self.encoder.layers], 1)

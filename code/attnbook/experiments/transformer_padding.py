@@ -67,9 +67,9 @@ from . import masking as _masking
 from .masking import _batch, _exact_length_batches, _writable
 from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
 
-__all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid",
-           "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS", "REFERENCE", "Comparison",
-           "COMPARISONS", "compare_conditions"]
+__all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "train_model", "run_one",
+           "run_grid", "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS", "REFERENCE",
+           "Comparison", "COMPARISONS", "compare_conditions"]
 
 #: The factors of a condition, in the order of :func:`condition_id`.
 FACTORS = ("mask", "padding", "positions", "readout")
@@ -282,6 +282,48 @@ def _check_condition(condition: dict) -> None:
             raise ValueError(f"condition[{key!r}] must be one of {list(values)}, got {condition[key]!r}")
 
 
+def train_model(model: torch.nn.Module, cfg: TransformerPaddingConfig, batches, device: torch.device,
+                forward=None) -> tuple[int, int, float]:
+    """The training loop of the Transformer classifiers of chapters 8 and 9: Adam (``cfg.lr``), cross-entropy,
+    ``cfg.epochs`` epochs, the model in training mode.
+
+    Args:
+        model: the model (its parameters are trained).
+        cfg: the configuration (``lr``, ``epochs``).
+        batches: ``batches(epoch)`` yields one epoch's ``(inputs, labels, n_tokens)``: ``inputs`` a tuple of tensors
+            for ``forward``, ``labels`` int64 ``(N,)`` (one per output row of ``forward``), ``n_tokens`` the number
+            of real (non-pad) tokens of the step. Preparing a batch counts as training time.
+        device: where ``inputs`` and ``labels`` are moved.
+        forward: ``forward(*inputs) -> (logits (N, classes), anything)``; ``None`` = ``model``.
+
+    Returns:
+        ``(nan_steps, tokens, train_time_s)``: the steps skipped for a non-finite loss, the real tokens of the other
+        steps, and the wall time of the loop (after ``torch.cuda.synchronize`` on a GPU).
+
+    Chapter 8, section "Padding in a Transformer classifier"; chapter 9, section "Packing instead of padding".
+    """
+    forward = model if forward is None else forward
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    nan_steps, tokens = 0, 0
+    start = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        model.train()
+        for inputs, labels, n_tokens in batches(epoch):
+            inputs = tuple(t.to(device) for t in inputs)
+            logits, _ = forward(*inputs)
+            loss = F.cross_entropy(logits.float(), labels.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            if not torch.isfinite(loss):
+                nan_steps += 1
+                continue
+            loss.backward()
+            optimizer.step()
+            tokens += n_tokens
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return nan_steps, tokens, time.perf_counter() - start
+
+
 def run_one(cfg: TransformerPaddingConfig, data: dict, condition: dict, seed: int,
             device: torch.device | str = "cpu") -> dict:
     """Train one model under ``condition`` with ``seed`` and measure it; returns the row (the factors, ``seed``,
@@ -308,29 +350,17 @@ def run_one(cfg: TransformerPaddingConfig, data: dict, condition: dict, seed: in
     torch.set_num_threads(cfg.threads)
     seed_everything(seed)
     model = _build(cfg, data["vocab_size"], condition).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     train = data["train"]
     sampler = RandomBatchSampler(train["lengths"], cfg.batch_size, shuffle=True, seed=seed)
     side = condition["padding"]
-    nan_steps, tokens = 0, 0
-    start = time.perf_counter()
-    for epoch in range(cfg.epochs):
+
+    def batches(epoch: int):
         sampler.set_epoch(epoch)
-        model.train()
         for index in sampler:
-            ids, lengths, labels = (t.to(device) for t in _batch(train, index, side))
-            logits, _ = model(ids, lengths)
-            loss = F.cross_entropy(logits.float(), labels)
-            optimizer.zero_grad(set_to_none=True)
-            if not torch.isfinite(loss):
-                nan_steps += 1
-                continue
-            loss.backward()
-            optimizer.step()
-            tokens += int(lengths.sum())
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    train_time = time.perf_counter() - start
+            ids, lengths, labels = _batch(train, index, side)
+            yield (ids, lengths), labels, int(lengths.sum())
+
+    nan_steps, tokens, train_time = train_model(model, cfg, batches, device)
     val = _evaluate(model, data["validation"], cfg, device)
     test = _evaluate(model, data["test"], cfg, device, attention=True)
     at_max = _evaluate(model, data["test"], cfg, device, length=cfg.max_len)

@@ -1,0 +1,259 @@
+"""Attention over packed rows, three ways: a dense bool mask, FlexAttention's block mask, and variable-length kernels.
+
+Explained in chapter 9, section "Packing instead of padding". A packed row holds several documents one after another
+(:func:`attnbook.batching.pack_collate`); its document ids ``doc_ids`` (int ``(B, L)``, ``0, 0, 1, 1, 1, ..., -1``;
+-1 = a pad at the end of the row) say which positions may attend to which. Every function here computes the same
+thing, each document's own attention as if it stood alone, and returns it in the packed layout:
+
+- :func:`document_attention`: scaled dot-product attention with the dense block-diagonal bool mask of
+  :func:`attnbook.batching.document_mask` (``(B, L, L)``, True = takes part, the convention of
+  ``F.scaled_dot_product_attention``), through :func:`attnbook.attention.scaled_dot_product_attention` (torch's
+  fused kernel). It still computes every score of the ``L x L`` square and throws most of them away;
+- :func:`flex_document_attention`: ``torch.nn.attention.flex_attention`` with a ``mask_mod`` and a ``BlockMask``,
+  which skips the blocks of the square that no document covers (Dong et al. 2024, "Flex Attention");
+- :func:`varlen_attention`: the documents as one flat sequence of tokens with cumulative offsets (``cu_seqlens``,
+  :func:`attnbook.batching.document_offsets`), the interface of FlashAttention-2's varlen kernels (Dao 2023): torch's
+  ``torch.nn.attention.varlen.varlen_attn`` (CUDA only) or a jagged nested tensor through
+  ``F.scaled_dot_product_attention`` (which also runs on a CPU).
+
+What runs where, with the pinned torch 2.13 (:func:`backend_status` says it for the current machine): on a CPU the
+dense mask, FlexAttention in eager mode (its unfused reference implementation, which materializes the scores; the
+first call takes several seconds to set up), FlexAttention under ``torch.compile`` (the inductor backend compiles a
+C++ kernel with the system's C compiler: about 40 seconds on a busy 2-core machine for the first call; fp32, fp16
+and bf16 only: in fp64 inductor raises ``LoweringException: NotImplementedError``) and the
+nested-tensor varlen path; ``varlen_attn`` raises ``NotImplementedError`` on a CPU (``aten::_flash_attention_forward``
+has no CPU kernel), so :func:`varlen_attention` with ``backend="varlen"`` raises :class:`BackendUnavailable` there.
+
+Every output is ``(B, H, L, D)`` with zeros at the pads' positions (a query that may attend to nothing gets a zero
+output, attnbook's convention for fully masked rows).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .attention import scaled_dot_product_attention
+from .batching import check_document_ids, document_mask, document_offsets
+
+__all__ = ["BACKENDS", "BackendUnavailable", "backend_status", "document_attention", "flex_document_attention",
+           "varlen_attention"]
+
+#: The backends of :func:`varlen_attention` (``"auto"`` chooses between them).
+BACKENDS = ("varlen", "nested")
+
+_EAGER_FLEX_WARNING = "flex_attention called without torch.compile"
+
+
+class BackendUnavailable(RuntimeError):
+    """A packed-attention backend does not run here (this device, dtype or torch build); the message says why."""
+
+
+def _check_packed(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor) -> None:
+    """``q``, ``k``, ``v`` floating ``(B, H, L, D)`` of one dtype and device; ``doc_ids`` valid ``(B, L)``."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating torch.Tensor, got "
+                            f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape (batch, heads, length, head_dim), got {tuple(x.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[:3] != k.shape[:3] or k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q, k, v must be (batch, heads, length, head_dim) with one batch, heads and length (and q, k "
+                         f"one head_dim), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    check_document_ids(doc_ids)
+    if tuple(doc_ids.shape) != (q.shape[0], q.shape[2]):
+        raise ValueError(f"doc_ids must have shape (batch, length) = {(q.shape[0], q.shape[2])}, got "
+                         f"{tuple(doc_ids.shape)}")
+
+
+def document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, scale: float | None = None) -> Tensor:
+    """Attention within each document of packed rows, with the dense block-diagonal mask.
+
+    Args:
+        q, k, v: ``(B, H, L, D)`` (``v`` may have another last size), one floating dtype and device.
+        doc_ids: int ``(B, L)`` document ids (:func:`attnbook.batching.check_document_ids`; -1 = pad).
+        scale: of the scores; ``None`` = ``1 / sqrt(D)``.
+
+    Returns:
+        ``(B, H, L, D_v)``: at each real token, softmax over the keys of its own document only; zeros at the pads.
+        The mask is :func:`attnbook.batching.document_mask` (bool, True = takes part, as
+        ``F.scaled_dot_product_attention``'s ``attn_mask``).
+
+    Raises:
+        TypeError: non-float or mixed dtypes, bad ``doc_ids``. ValueError: shapes that do not match (the message
+            gives them), bad ``doc_ids``.
+
+    Krell et al. (2021), section 4; Vaswani et al. (2017), eq. 1. Chapter 9, section "Packing instead of padding".
+    """
+    _check_packed(q, k, v, doc_ids)
+    mask = document_mask(doc_ids.to(q.device))[:, None]                # (B, 1, L, L), the same for every head
+    return scaled_dot_product_attention(q, k, v, mask, scale=scale)
+
+
+_compiled_flex = None
+
+
+def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, compile: bool = False,
+                            scale: float | None = None) -> Tensor:
+    """Attention within each document of packed rows, with FlexAttention: a ``mask_mod`` and its ``BlockMask``.
+
+    The ``mask_mod`` is ``doc[b, q_idx] == doc[b, kv_idx] & doc[b, q_idx] >= 0`` (True = the pair takes part,
+    the dense mask of :func:`attnbook.batching.document_mask`); ``create_block_mask`` evaluates it once per
+    ``128 x 128`` block, so that a fused kernel skips the blocks no document covers.
+
+    Args:
+        q, k, v: ``(B, H, L, D)``, one floating dtype and device (all of ``D``, ``D_v`` equal).
+        doc_ids: int ``(B, L)`` document ids (-1 = pad).
+        compile: False = FlexAttention's eager path: its reference implementation, which materializes the
+            ``L x L`` scores and so saves no work (torch warns about it; the warning is silenced here, since the
+            eager path is chosen on purpose); its first call in a process takes several seconds (imports and
+            tracing). True = ``torch.compile(flex_attention)``, a fused kernel; on a CPU inductor compiles C++ with
+            the system's compiler (about 40 s for the first call on a busy 2-core machine, cached afterwards;
+            fp32 checked here). Compiled on a CPU, FlexAttention takes fp32, fp16 and bf16 only: fp64 raises
+            (inductor's ``LoweringException: NotImplementedError``, reported as :class:`BackendUnavailable`).
+        scale: of the scores; ``None`` = ``1 / sqrt(D)``.
+
+    Returns:
+        ``(B, H, L, D_v)``: the same as :func:`document_attention`, zeros at the pads (FlexAttention gives a query
+        with no allowed key a zero output).
+
+    Raises:
+        TypeError, ValueError: as :func:`document_attention`.
+        BackendUnavailable: this torch has no ``torch.nn.attention.flex_attention``, or it fails here (the message
+            gives torch's error).
+
+    Dong et al. (2024), "Flex Attention: a programming model for generating optimized attention kernels"; the
+    document mask as in torch's FlexAttention examples ("document masking / jagged sequences"). Chapter 9, section
+    "Packing instead of padding".
+    """
+    global _compiled_flex
+    _check_packed(q, k, v, doc_ids)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as err:  # pragma: no cover - torch < 2.5
+        raise BackendUnavailable(f"torch {torch.__version__} has no FlexAttention ({err})") from None
+    doc = doc_ids.to(device=q.device, dtype=torch.long)
+
+    def same_document(b, h, q_idx, kv_idx):
+        return (doc[b, q_idx] == doc[b, kv_idx]) & (doc[b, q_idx] >= 0)
+
+    batch, _, length, _ = q.shape
+    try:
+        block_mask = create_block_mask(same_document, batch, None, length, length, device=q.device)
+        if compile:
+            if _compiled_flex is None:
+                _compiled_flex = torch.compile(flex_attention)
+            return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_EAGER_FLEX_WARNING)
+            return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    except (RuntimeError, NotImplementedError, ImportError, AssertionError) as err:
+        raise BackendUnavailable(f"FlexAttention ({'compiled' if compile else 'eager'}) failed on {q.device} with "
+                                 f"{q.dtype}: {type(err).__name__}: {str(err)[:300]}") from err
+
+
+def _scatter(flat: Tensor, doc_ids: Tensor, like: Tensor) -> Tensor:
+    """Flat ``(T, H, D_v)`` outputs of the real tokens back into the packed layout ``(B, H, L, D_v)``, zero pads."""
+    out = like.new_zeros(like.shape[0], like.shape[2], flat.shape[1], flat.shape[2])   # (B, L, H, D_v)
+    out[doc_ids >= 0] = flat.to(like.dtype)
+    return out.transpose(1, 2)
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, backend: str = "auto",
+                     scale: float | None = None) -> Tensor:
+    """Attention within each document of packed rows, with a variable-length interface: no mask at all.
+
+    The real tokens of all rows are gathered into one flat sequence ``(T, H, D)`` (``T`` = the number of real
+    tokens), cut into documents by the cumulative offsets of :func:`attnbook.batching.document_offsets`, and each
+    document attends only to itself; the pads never enter.
+
+    Args:
+        q, k, v: ``(B, H, L, D)``, one floating dtype and device.
+        doc_ids: int ``(B, L)`` document ids (-1 = pad).
+        backend: ``"varlen"`` = ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2's varlen kernel with
+            int32 ``cu_seqlens``): CUDA only, fp16 or bf16; ``"nested"`` = a jagged nested tensor
+            (``torch.nested.nested_tensor_from_jagged`` with the offsets) through ``F.scaled_dot_product_attention``,
+            which runs on a CPU too and in any float dtype; ``"auto"`` = ``"varlen"`` for fp16/bf16 on CUDA, else
+            ``"nested"``.
+        scale: of the scores; ``None`` = ``1 / sqrt(D)``.
+
+    Returns:
+        ``(B, H, L, D_v)``: the same as :func:`document_attention`, zeros at the pads.
+
+    Raises:
+        TypeError, ValueError: as :func:`document_attention`; ValueError: an unknown ``backend``.
+        BackendUnavailable: the backend does not run here; on a CPU, ``"varlen"`` (``varlen_attn`` raises
+            ``NotImplementedError``: ``aten::_flash_attention_forward`` has no CPU kernel in torch 2.13; the message
+            gives torch's error).
+
+    Dao (2023), "FlashAttention-2", its variable-length (``cu_seqlens``) interface; Krell et al. (2021). Chapter 9,
+    section "Packing instead of padding".
+    """
+    if backend not in (*BACKENDS, "auto"):
+        raise ValueError(f"backend must be one of {[*BACKENDS, 'auto']}, got {backend!r}")
+    _check_packed(q, k, v, doc_ids)
+    if backend == "auto":
+        backend = "varlen" if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else "nested"
+    doc_ids = doc_ids.to(q.device)
+    offsets, longest = document_offsets(doc_ids)
+    real = doc_ids >= 0
+    flat = [x.transpose(1, 2)[real] for x in (q, k, v)]                  # (T, H, D): real tokens, row-major
+    if len(offsets) == 1:                                                  # no document at all
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    if backend == "varlen":
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+            cu = offsets.to(torch.int32)
+            out = varlen_attn(*flat, cu, cu, longest, longest, scale=scale)
+        except (ImportError, RuntimeError, NotImplementedError) as err:
+            raise BackendUnavailable(
+                f"backend='varlen' (torch.nn.attention.varlen.varlen_attn, FlashAttention-2's kernel) failed on "
+                f"{q.device} with {q.dtype}: {type(err).__name__}: {str(err).splitlines()[0][:200]}; it needs CUDA "
+                "and fp16 or bf16 (on a CPU use backend='nested')") from err
+        return _scatter(out, doc_ids, q)
+    nested = [torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2) for x in flat]  # (N, H, j, D)
+    with warnings.catch_warnings():   # torch's CPU path builds a strided nested tensor inside and warns about it
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
+        out = F.scaled_dot_product_attention(*nested, scale=scale).transpose(1, 2)               # (N, j, H, D_v)
+    return _scatter(out.values(), doc_ids, q)
+
+
+def backend_status(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, *,
+                   compile: bool = False) -> dict[str, str | None]:
+    """Which packed-attention backends run on ``device`` with ``dtype``: try each on two tiny documents.
+
+    Args:
+        device, dtype: where and in which dtype to try.
+        compile: also try compiled FlexAttention (slow the first time: a C++ compilation on a CPU).
+
+    Returns:
+        ``{"dense": None, "flex": None, "flex_compiled": ..., "varlen": "...", "nested": None}``: None where the
+        backend runs and agrees with :func:`document_attention` (fp64: to 1e-10; else to the dtype's tolerance
+        of ``torch.testing.assert_close``), else the reason as one line. ``"flex_compiled"`` only with ``compile``.
+
+    Chapter 9, section "Packing instead of padding".
+    """
+    generator = torch.Generator().manual_seed(0)
+    doc_ids = torch.tensor([[0, 0, 0, 1, 1, -1]])
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=generator).to(device=device, dtype=dtype) for _ in range(3))
+    reference = document_attention(q, k, v, doc_ids)
+    tries = {"dense": lambda: reference, "flex": lambda: flex_document_attention(q, k, v, doc_ids),
+             "varlen": lambda: varlen_attention(q, k, v, doc_ids, backend="varlen"),
+             "nested": lambda: varlen_attention(q, k, v, doc_ids, backend="nested")}
+    if compile:
+        tries["flex_compiled"] = lambda: flex_document_attention(q, k, v, doc_ids, compile=True)
+    status: dict[str, str | None] = {}
+    for name, attempt in tries.items():
+        try:
+            out = attempt()
+            tolerance = dict(atol=1e-10, rtol=1e-10) if dtype == torch.float64 else {}
+            torch.testing.assert_close(out, reference, **tolerance)
+            status[name] = None
+        except Exception as err:  # noqa: BLE001 - a report of what fails, whatever it is
+            status[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    return status
