@@ -88,11 +88,11 @@ if [ "${JOB_MPS:-0}" = 1 ] && [ "$device" != cpu ] && command -v nvidia-cuda-mps
         echo "CUDA MPS started"
     fi
 fi
-# the time left of JOB_MINUTES after the set-up above; the CLI gets SIGTERM then (and SIGKILL 30 s later)
+# the time left of JOB_MINUTES after the set-up above; the CLI gets SIGTERM then (and SIGKILL 20 s later)
 limit=$(awk -v m="$minutes" -v s="$SECONDS" 'BEGIN { l = int(m * 60 - s); print (l < 1 ? 1 : l) }')
 echo "$experiment: $workers workers on $device, stopping after ${limit} s; store $store"
 status=0
-timeout --signal=TERM --kill-after=30 "${limit}s" \
+timeout --signal=TERM --kill-after=20 "${limit}s" \
     "$python" -m "attnbook.experiments.$experiment" --device "$device" --workers "$workers" --threads 1 \
     "${args[@]}" --out "$store" "$@" || status=$?
 runs=0

@@ -117,8 +117,9 @@ def save_checkpoint(path: str | Path, checkpoint: Mapping) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> dict | None:
-    """The checkpoint at ``path`` with its tensors on ``device``, or None if there is none.
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", mmap: bool = False) -> dict | None:
+    """The checkpoint at ``path`` with its tensors on ``device``, or None if there is none. ``mmap=True`` maps the
+    tensors from the file instead of reading them (quick, for a look at the metadata; never train with them).
 
     Raises:
         ValueError: the file is not a checkpoint of this format (the message names the file; delete it to start
@@ -128,7 +129,7 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> dic
     if not path.exists():
         return None
     try:
-        checkpoint = torch.load(path, map_location=torch.device(device), weights_only=True)
+        checkpoint = torch.load(path, map_location=torch.device(device), weights_only=True, mmap=mmap)
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
         raise ValueError(f"{path} is not a readable checkpoint ({type(err).__name__}: {err}); delete it to train "
                          "its run from the start") from None
@@ -166,14 +167,15 @@ class Checkpointer:
         self._last = time.monotonic()
 
     def load(self, device: torch.device | str = "cpu") -> dict | None:
-        """The run's checkpoint (tensors on ``device``), or None; a loaded one is recorded as a resume
-        (:attr:`resumes`, kept in the next save).
+        """The run's checkpoint, or None; a loaded one is recorded as a resume on ``device`` (:attr:`resumes`, kept
+        in the next save). Its tensors stay on the CPU: ``load_state_dict`` moves them to the model's device, and
+        an optimizer keeps Adam's ``step`` counts on the CPU, as torch expects without ``capturable``.
 
         Raises:
             ValueError: the file belongs to another experiment or run, or was made with another configuration (the
                 message names the entries that differ), or see :func:`load_checkpoint`.
         """
-        checkpoint = load_checkpoint(self.path, device)
+        checkpoint = load_checkpoint(self.path)
         if checkpoint is None:
             return None
         if checkpoint.get("experiment") != self.experiment or _json_plain(checkpoint.get("identity")) != \
@@ -260,7 +262,7 @@ def describe(directory: str | Path) -> list[dict]:
     out = []
     for path in sorted(Path(directory).glob("*.pt")):
         try:
-            ck = load_checkpoint(path)
+            ck = load_checkpoint(path, mmap=True)
         except ValueError as err:
             out.append({"file": path.name, "error": str(err)})
             continue

@@ -18,6 +18,11 @@ sentences), ``seq2seq_full_history.csv`` (losses per epoch) and ``seq2seq_full.j
 one session per invocation) into the folder of ``--out``. It is a results store (:mod:`attnbook.store`): each run is
 stored as soon as it is evaluated, with its rows of the other two tables, so a run that is killed resumes with the
 runs it has not finished (the same command again; ``--seeds`` and ``--models`` may grow, the configuration may not).
+A full-size run trains for longer than one call of a lent GPU may run: with ``--checkpoint-dir DIR`` (and
+``--checkpoint-minutes M``) each run saves its training state to ``DIR/seq2seq-model=<kind>-seed=<seed>.pt`` after
+every epoch (and every ``M`` minutes) and resumes from it exactly (:mod:`attnbook.checkpoint`); the session that
+finishes a resumed run lists it under ``resumed_runs`` in the sidecar, and the checkpoint is deleted once the run is
+stored. ``tools/gpu_job.sh seq2seq`` runs the stored comparison so on a GPU (see the README).
 """
 
 from __future__ import annotations

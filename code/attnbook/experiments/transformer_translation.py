@@ -22,7 +22,11 @@ store (:mod:`attnbook.store`; one run = one model; resumable)::
     python -m attnbook.experiments.transformer_translation --mode full --out results/transformer_translation_full.csv
 
 which writes the summary (one row per model), ``<name>_by_length.csv`` (BLEU and token accuracy per source-length
-bucket), ``<name>_history.csv`` (losses per epoch) and the provenance ``<name>.json``.
+bucket), ``<name>_history.csv`` (losses per epoch) and the provenance ``<name>.json``. ``--epochs`` (both models),
+``--n-train``, ``--n-valid`` and ``--n-test`` override the configuration; ``--checkpoint-dir DIR`` (and
+``--checkpoint-minutes M``) save each run's training state after every epoch (and every ``M`` minutes) and resume
+it exactly (:mod:`attnbook.checkpoint`), as chapter 4's CLI does; ``tools/gpu_job.sh transformer_translation`` runs
+the full-size comparison so on a GPU (see the README).
 """
 
 from __future__ import annotations
