@@ -22,7 +22,7 @@ A full-size run trains for longer than one call of a lent GPU may run: with ``--
 ``--checkpoint-minutes M``) each run saves its training state to ``DIR/seq2seq-model=<kind>-seed=<seed>.pt`` after
 every epoch (and every ``M`` minutes) and resumes from it exactly (:mod:`attnbook.checkpoint`); the session that
 finishes a resumed run lists it under ``resumed_runs`` in the sidecar, and the checkpoint is deleted once the run is
-stored. ``tools/gpu_job.sh seq2seq`` runs the stored comparison so on a GPU (see the README).
+stored. ``tools/gpu_job.sh seq2seq`` runs the stored comparison this way on a GPU (see the README).
 """
 
 from __future__ import annotations

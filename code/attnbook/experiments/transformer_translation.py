@@ -26,7 +26,7 @@ bucket), ``<name>_history.csv`` (losses per epoch) and the provenance ``<name>.j
 ``--n-train``, ``--n-valid`` and ``--n-test`` override the configuration; ``--checkpoint-dir DIR`` (and
 ``--checkpoint-minutes M``) save each run's training state after every epoch (and every ``M`` minutes) and resume
 it exactly (:mod:`attnbook.checkpoint`), as chapter 4's CLI does; ``tools/gpu_job.sh transformer_translation`` runs
-the full-size comparison so on a GPU (see the README).
+the full-size comparison this way on a GPU (see the README).
 """
 
 from __future__ import annotations
