@@ -39,7 +39,10 @@ layout's real tokens per second in a round = its real (non-pad) tokens over thos
 ratio = that / ``padded/random``'s in the same round. We report the median over rounds (ratios: median, min and
 max). ``pad_fraction`` = the share of the computed token slots (rows x width) that hold pads; ``score_fraction`` =
 the share of the computed attention scores (rows x width x width per head) that pair a token with a key of its own
-review (the rest are masked and thrown away; for ``packed/nested`` nominally 1: see below).
+review (the rest are masked and thrown away; for ``packed/nested`` nominally 1: see below); ``mean_width`` = the
+mean width of a step's rows (for ``packed/nested``: its longest review); ``rows_per_step`` (for ``packed/nested``:
+its reviews); ``prep_ms`` = building one step's batch (median; for ``packed``, first-fit decreasing and
+:func:`~attnbook.batching.pack_collate`, which the experiment counts as training time and this table does not).
 
 Attention op only (``--attention-steps``, default 2): for the first steps' shapes, one multi-head self-attention
 (fwd + bwd to q, k, v, random inputs) as each layout computes it: :func:`attnbook.attention.
@@ -80,8 +83,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("padded/random", "padded/bucketed", "packed")          # full training steps, in the rounds
 ATTENTION_LAYOUTS = (*LAYOUTS, "packed/nested")                   # the attention op alone
 BASELINE = "padded/random"
-COLUMNS = ["layout", "tokens_per_s", "ratio", "ratio_min", "ratio_max", "step_ms", "pad_fraction", "score_fraction", "mean_width",
-           "rows_per_step", "real_tokens_per_step", "prep_ms", "attn_ms", "attn_ratio", "max_abs_logit_diff"]
+COLUMNS = ["layout", "tokens_per_s", "ratio", "ratio_min", "ratio_max", "step_ms", "pad_fraction", "score_fraction",
+           "mean_width", "rows_per_step", "real_tokens_per_step", "prep_ms", "attn_ms", "attn_ratio",
+           "max_abs_logit_diff"]
 _NJT_WARNING = "The PyTorch API of nested tensors is in prototype stage"
 
 
