@@ -18,6 +18,11 @@ sentences), ``seq2seq_full_history.csv`` (losses per epoch) and ``seq2seq_full.j
 one session per invocation) into the folder of ``--out``. It is a results store (:mod:`attnbook.store`): each run is
 stored as soon as it is evaluated, with its rows of the other two tables, so a run that is killed resumes with the
 runs it has not finished (the same command again; ``--seeds`` and ``--models`` may grow, the configuration may not).
+A full-size run trains for longer than one call of a lent GPU may run: with ``--checkpoint-dir DIR`` (and
+``--checkpoint-minutes M``) each run saves its training state to ``DIR/seq2seq-model=<kind>-seed=<seed>.pt`` after
+every epoch (and every ``M`` minutes) and resumes from it exactly (:mod:`attnbook.checkpoint`); the session that
+finishes a resumed run lists it under ``resumed_runs`` in the sidecar, and the checkpoint is deleted once the run is
+stored. ``tools/gpu_job.sh seq2seq`` runs the stored comparison this way on a GPU (see the README).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
 from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
@@ -199,7 +205,8 @@ def _mean_loss(model: Seq2Seq, batches: list) -> float:
 
 
 def train_model(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device | str = "cpu",
-                show_progress: bool = True, seed: int | None = None) -> tuple[Seq2Seq, pd.DataFrame]:
+                show_progress: bool = True, seed: int | None = None, checkpoint: Checkpointer | None = None
+                ) -> tuple[Seq2Seq, pd.DataFrame]:
     """Train one model (:func:`attnbook.seq2seq.make_seq2seq`, Luong scores scaled as ``cfg.luong_scaled``) with
     teacher forcing and Adam.
 
@@ -214,10 +221,17 @@ def train_model(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: to
         kind, data, cfg, device: the model kind, the prepared data, the configuration, the device.
         show_progress: a progress bar over the training steps.
         seed: the model seed; ``None`` = ``cfg.seeds[0]``.
+        checkpoint: a :class:`attnbook.checkpoint.Checkpointer` for this run, or None (no checkpoints). With one,
+            training resumes from its checkpoint if there is one, and saves one after every epoch (and inside an
+            epoch when :meth:`~attnbook.checkpoint.Checkpointer.due`); a resumed run gives bitwise the same model
+            and history (but ``seconds``) as an uninterrupted one on the CPU. The checkpoint is left in place.
 
     Returns:
         ``(model, history)``: the trained model (in eval mode) and a DataFrame with one row per epoch: ``epoch``,
-        ``train_loss``, ``valid_loss`` (nats per token), ``seconds`` (cumulative training time).
+        ``train_loss``, ``valid_loss`` (nats per token), ``seconds`` (cumulative training time, across resumes).
+
+    Raises:
+        ValueError: the checkpoint belongs to another run or configuration (:meth:`Checkpointer.load`).
 
     Chapter 4, section "Five models, one training loop".
     """
@@ -233,17 +247,41 @@ def train_model(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: to
     def epoch_batches(epoch: int) -> list:
         return make_batches(data.train, cfg.batch_size, np.random.default_rng([seed, epoch]), device)
 
-    batches = epoch_batches(0)  # every epoch has the same number of batches (same pool sizes)
+    saved = checkpoint.load(device) if checkpoint is not None else None
+    first_epoch, first_step = (int(saved["epoch"]), int(saved["step"])) if saved else (1, 0)
+    # every epoch has the same number of batches (same pool sizes)
+    batches = epoch_batches(first_epoch - 1 if first_epoch <= cfg.epochs else 0)
+    steps = len(batches)
     scheduler = None
     if cfg.lr_schedule == "linear":
-        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=cfg.epochs * len(batches))
-    bar = progress(total=cfg.epochs * len(batches), desc=f"training {kind}") if show_progress else None
-    rows, start = [], time.perf_counter()
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.0, total_iters=cfg.epochs * steps)
+    rows, total, count, seconds = [], 0.0, 0, 0.0
+    if saved:
+        model.load_state_dict(saved["state"]["model"])
+        optimizer.load_state_dict(saved["state"]["optimizer"])
+        if scheduler is not None:
+            scheduler.load_state_dict(saved["state"]["scheduler"])
+        rows, total, count, seconds = ([dict(r) for r in saved["state"]["rows"]], saved["state"]["total"],
+                                       saved["state"]["count"], saved["state"]["seconds"])
+        set_rng_states(saved["rng"], device)
+
+    def save(epoch: int, step: int) -> None:
+        checkpoint.save(epoch=epoch, step=step, epochs=cfg.epochs, steps_per_epoch=steps, device=device, state={
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None, "rows": rows, "total": total,
+            "count": count, "seconds": seconds + time.perf_counter() - start})
+
+    bar = progress(total=cfg.epochs * steps, desc=f"training {kind}") if show_progress else None
+    if bar is not None:
+        bar.update(min(cfg.epochs * steps, (first_epoch - 1) * steps + first_step))
+    start = time.perf_counter()
     model.train()
-    for epoch in range(1, cfg.epochs + 1):
-        batches = batches if epoch == 1 else epoch_batches(epoch - 1)
-        total, count = 0.0, 0
-        for batch in batches:
+    for epoch in range(first_epoch, cfg.epochs + 1):
+        batches = batches if epoch == first_epoch else epoch_batches(epoch - 1)
+        skip = first_step if epoch == first_epoch else 0
+        if skip == 0:   # a new epoch (not one resumed inside): its running sums start at zero
+            total, count = 0.0, 0
+        for step, batch in enumerate(batches[skip:], skip + 1):
             loss, n = _loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             (loss / n).backward()
@@ -254,8 +292,12 @@ def train_model(kind: str, data: TranslationData, cfg: Seq2SeqConfig, device: to
             total, count = total + loss.item(), count + n
             if bar is not None:
                 bar.update(1)
+            if checkpoint is not None and step < steps and checkpoint.due():
+                save(epoch, step)
         rows.append({"epoch": epoch, "train_loss": total / count, "valid_loss": _mean_loss(model, valid_batches),
-                     "seconds": time.perf_counter() - start})
+                     "seconds": seconds + time.perf_counter() - start})
+        if checkpoint is not None:
+            save(epoch + 1, 0)
     if bar is not None:
         bar.close()
     model.eval()
@@ -508,16 +550,16 @@ class Seq2SeqResults:
 
 
 def _train_and_evaluate(kind: str, seed: int, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device,
-                        beam: bool, show_progress: bool, keep: bool = True
+                        beam: bool, show_progress: bool, keep: bool = True, checkpoint: Checkpointer | None = None
                         ) -> tuple[dict, pd.DataFrame, pd.DataFrame, Seq2Seq | None, dict[str, Decoded] | None]:
-    """One run of :func:`run_experiment`: train, evaluate, and return its summary row, per-length rows, history,
-    and (``keep``) the model and its decoded outputs, else ``None`` for both. Runs with ``cfg.num_threads`` torch
-    threads and restores the setting afterwards."""
+    """One run of :func:`run_experiment`: train (from ``checkpoint``, see :func:`train_model`), evaluate, and
+    return its summary row, per-length rows, history, and (``keep``) the model and its decoded outputs, else
+    ``None`` for both. Runs with ``cfg.num_threads`` torch threads and restores the setting afterwards."""
     threads = torch.get_num_threads()
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     try:
-        model, history = train_model(kind, data, cfg, device, show_progress, seed=seed)
+        model, history = train_model(kind, data, cfg, device, show_progress, seed=seed, checkpoint=checkpoint)
         start = time.perf_counter()
         summary, per_length, dec = evaluate_model(model, data, cfg, beam=beam, device=device)
     finally:
@@ -608,12 +650,22 @@ LAYOUT = Layout(
     not_configuration=("num_threads", "models", "seeds"))
 
 
+def _checkpointer(directory: str | Path, kind: str, seed: int, cfg: Seq2SeqConfig,
+                  every_s: float | None) -> Checkpointer:
+    """The checkpoint of the run (``kind``, ``seed``) in ``directory``: its configuration is the store's, less
+    what only chooses runs or does not change results (:data:`LAYOUT`'s ``not_configuration``)."""
+    config = {k: v for k, v in asdict(cfg).items() if k not in LAYOUT.not_configuration}
+    return Checkpointer(directory, "seq2seq", {"model": kind, "seed": seed}, config, every_s)
+
+
 def _store_task(kind: str, seed: int, data: TranslationData, cfg: Seq2SeqConfig, device: torch.device,
-                show_progress: bool):
-    """One run for the command line: its summary row, per-length rows and history (the model stays behind)."""
+                show_progress: bool, checkpoint_dir: str | Path | None = None, every_s: float | None = None):
+    """One run for the command line: its summary row, per-length rows, history (the model stays behind) and the
+    resumes of its checkpoint (a list, empty if it trained in one go or without checkpoints)."""
+    checkpoint = _checkpointer(checkpoint_dir, kind, seed, cfg, every_s) if checkpoint_dir is not None else None
     row, per_length, history, _, _ = _train_and_evaluate(kind, seed, data, cfg, device, True, show_progress,
-                                                         keep=False)
-    return row, per_length, history
+                                                         keep=False, checkpoint=checkpoint)
+    return row, per_length, history, checkpoint.resumes if checkpoint is not None else []
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -644,7 +696,9 @@ def main(argv: list[str] | None = None) -> Path:
                         help="processes training models side by side (default 1; see run_experiment)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch threads per worker (default: the mode's; quick 1, full torch's own)")
+    add_checkpoint_arguments(parser)
     args = parser.parse_args(argv)
+    every_s = checkpoint_every_s(parser, args)
     mode = args.mode or get_mode()
     cfg = Seq2SeqConfig.for_mode(mode)
     overrides = {k: v for k, v in (("epochs", args.epochs), ("n_train", args.n_train), ("n_valid", args.n_valid),
@@ -666,17 +720,22 @@ def main(argv: list[str] | None = None) -> Path:
                           note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
                                "translations of a held-out English sentence as references")
 
-    with store, Session(store, describe, workers=args.workers) as session:
+    extra = {"checkpoint_dir": str(args.checkpoint_dir)} if args.checkpoint_dir else {}
+    with store, Session(store, describe, workers=args.workers, **extra) as session:
         todo = [(kind, seed) for seed in cfg.seeds for kind in cfg.models
                 if not store.has({"model": kind, "seed": seed})]
         if todo:
             data = cfg.data()
             sizes["data_sizes"] = data.sizes()
             per_model_bars = args.workers == 1
-            for row, per_length, history in run_tasks(_store_task, [(kind, seed, data, cfg, device, per_model_bars)
-                                                                    for kind, seed in todo], args.workers):
+            tasks = [(kind, seed, data, cfg, device, per_model_bars, args.checkpoint_dir, every_s)
+                     for kind, seed in todo]
+            for row, per_length, history, resumes in run_tasks(_store_task, tasks, args.workers):
                 store.append(row, {"by_length": per_length, "history": history})
+                record_resumes(session, {"model": row["model"], "seed": row["seed"]}, resumes)
                 session.checkpoint()
+                if args.checkpoint_dir:   # the run is stored: its checkpoint is no longer needed
+                    _checkpointer(args.checkpoint_dir, row["model"], row["seed"], cfg, None).remove()
         summary = store.frame()
     print(summary.to_string(index=False))
     print(f"{len(summary)} runs in {out} and its companions ({len(todo)} trained now, "

@@ -22,7 +22,11 @@ store (:mod:`attnbook.store`; one run = one model; resumable)::
     python -m attnbook.experiments.transformer_translation --mode full --out results/transformer_translation_full.csv
 
 which writes the summary (one row per model), ``<name>_by_length.csv`` (BLEU and token accuracy per source-length
-bucket), ``<name>_history.csv`` (losses per epoch) and the provenance ``<name>.json``.
+bucket), ``<name>_history.csv`` (losses per epoch) and the provenance ``<name>.json``. ``--epochs`` (both models),
+``--n-train``, ``--n-valid`` and ``--n-test`` override the configuration; ``--checkpoint-dir DIR`` (and
+``--checkpoint-minutes M``) save each run's training state after every epoch (and every ``M`` minutes) and resume
+it exactly (:mod:`attnbook.checkpoint`), as chapter 4's CLI does; ``tools/gpu_job.sh transformer_translation`` runs
+the full-size comparison this way on a GPU (see the README).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
 from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import Decoded, Seq2Seq, make_seq2seq
@@ -163,7 +168,7 @@ def build_model(kind: str, src_vocab_size: int, tgt_vocab_size: int, cfg: Transl
 
 
 def train_model(kind: str, data: TranslationData, cfg: TranslationConfig, device: torch.device | str = "cpu",
-                show_progress: bool = False) -> tuple[Seq2Seq, pd.DataFrame]:
+                show_progress: bool = False, checkpoint: Checkpointer | None = None) -> tuple[Seq2Seq, pd.DataFrame]:
     """Train one model with teacher forcing: cross-entropy per target token (pads ignored), Adam, gradient norm
     clipped to ``cfg.clip``.
 
@@ -173,12 +178,18 @@ def train_model(kind: str, data: TranslationData, cfg: TranslationConfig, device
     from ``lr / warmup_steps`` to ``lr`` over the first ``warmup_steps`` steps and then stays; the baseline's is
     ``baseline_lr`` throughout.
 
+    ``checkpoint``: a :class:`attnbook.checkpoint.Checkpointer` for this run, or None (none). With one, training
+    resumes from its checkpoint if there is one and saves one after every epoch (and inside an epoch when it is
+    :meth:`~attnbook.checkpoint.Checkpointer.due`); on the CPU a resumed run gives bitwise the same model and
+    history (but ``seconds``) as an uninterrupted one. The checkpoint is left in place.
+
     Returns:
         ``(model, history)``: the model in eval mode, and one row per epoch with ``epoch``, ``train_loss``,
-        ``valid_loss`` (nats per target token) and ``seconds`` (cumulative training time, validation excluded).
+        ``valid_loss`` (nats per target token) and ``seconds`` (cumulative training time, validation excluded,
+        across resumes).
 
     Raises:
-        ValueError: an unknown ``kind``.
+        ValueError: an unknown ``kind``, or a checkpoint of another run or configuration.
     """
     _check_kind(kind)
     seed_everything(cfg.seed)
@@ -191,13 +202,26 @@ def train_model(kind: str, data: TranslationData, cfg: TranslationConfig, device
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup)
                                                   if warmup else 1.0)
     valid = make_batches(data.valid, cfg.batch_size * 2, device=device)
-    rows, seconds = [], 0.0
+    rows, seconds, total, count, first_epoch, first_step = [], 0.0, 0.0, 0, 0, 0
+    saved = checkpoint.load(device) if checkpoint is not None else None
+    if saved:
+        model.load_state_dict(saved["state"]["model"])
+        optimizer.load_state_dict(saved["state"]["optimizer"])
+        scheduler.load_state_dict(saved["state"]["scheduler"])
+        rows, seconds = [dict(r) for r in saved["state"]["rows"]], saved["state"]["seconds"]
+        total, count = saved["state"]["total"], saved["state"]["count"]
+        first_epoch, first_step = int(saved["epoch"]) - 1, int(saved["step"])   # 0-based here
+        set_rng_states(saved["rng"], device)
     bar = progress(total=epochs, desc=f"training {kind}", disable=not show_progress)
-    for epoch in range(epochs):
+    bar.update(min(first_epoch, epochs))
+    for epoch in range(first_epoch, epochs):
         batches = make_batches(data.train, cfg.batch_size, np.random.default_rng([cfg.seed, epoch]), device)
+        skip = first_step if epoch == first_epoch else 0
+        if skip == 0:   # a new epoch (not one resumed inside): its running sums start at zero
+            total, count = 0.0, 0
         model.train()
-        start, total, count = time.perf_counter(), 0.0, 0
-        for batch in batches:
+        start = time.perf_counter()
+        for step, batch in enumerate(batches[skip:], skip + 1):
             loss, n = _loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
             (loss / n).backward()
@@ -205,12 +229,26 @@ def train_model(kind: str, data: TranslationData, cfg: TranslationConfig, device
             optimizer.step()
             scheduler.step()
             total, count = total + loss.item(), count + n
+            if checkpoint is not None and step < len(batches) and checkpoint.due():
+                _save(checkpoint, epoch + 1, step, epochs, len(batches), model, optimizer, scheduler, rows, total,
+                      count, seconds + time.perf_counter() - start, device)
         seconds += time.perf_counter() - start
         rows.append({"epoch": epoch + 1, "train_loss": total / count, "valid_loss": _mean_loss(model, valid),
                      "seconds": seconds})
+        if checkpoint is not None:
+            _save(checkpoint, epoch + 2, 0, epochs, len(batches), model, optimizer, scheduler, rows, total, count,
+                  seconds, device)
         bar.update(1)
     bar.close()
     return model.eval(), pd.DataFrame(rows)
+
+
+def _save(checkpoint: Checkpointer, epoch: int, step: int, epochs: int, steps: int, model, optimizer, scheduler,
+          rows: list, total: float, count: int, seconds: float, device: torch.device) -> None:
+    """Save a run of :func:`train_model` at a batch boundary (``epoch`` 1-based, ``step`` batches of it done)."""
+    checkpoint.save(epoch=epoch, step=step, epochs=epochs, steps_per_epoch=steps, device=device, state={
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "rows": rows, "total": total, "count": count, "seconds": seconds})
 
 
 def evaluate(model: Seq2Seq, data: TranslationData, cfg: TranslationConfig, device: torch.device | str = "cpu"
@@ -266,14 +304,15 @@ class TranslationResults:
 
 
 def _train_and_evaluate(kind: str, data: TranslationData, cfg: TranslationConfig, device: torch.device,
-                        show_progress: bool = False) -> tuple:
-    """One model: train, evaluate; its summary row, per-length rows, history, model and decoded outputs. Runs with
-    ``cfg.num_threads`` torch threads and restores the setting afterwards."""
+                        show_progress: bool = False, checkpoint: Checkpointer | None = None) -> tuple:
+    """One model: train (from ``checkpoint``, see :func:`train_model`), evaluate; its summary row, per-length rows,
+    history, model and decoded outputs. Runs with ``cfg.num_threads`` torch threads and restores the setting
+    afterwards."""
     threads = torch.get_num_threads()
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
     try:
-        model, history = train_model(kind, data, cfg, device, show_progress)
+        model, history = train_model(kind, data, cfg, device, show_progress, checkpoint=checkpoint)
         start = time.perf_counter()
         summary, by_length, decoded = evaluate(model, data, cfg, device)
     finally:
@@ -330,9 +369,19 @@ LAYOUT = Layout(
     not_configuration=("num_threads", "models"))
 
 
-def _store_task(kind: str, data: TranslationData, cfg: TranslationConfig, device: torch.device) -> tuple:
-    row, by_length, history, _, _ = _train_and_evaluate(kind, data, cfg, device)
-    return row, by_length, history
+def _checkpointer(directory: str | Path, kind: str, cfg: TranslationConfig, every_s: float | None) -> Checkpointer:
+    """The checkpoint of the run ``kind`` in ``directory``, for the store's configuration less what does not change
+    results (:data:`LAYOUT`'s ``not_configuration``)."""
+    config = {k: v for k, v in store_config(cfg).items() if k not in LAYOUT.not_configuration}
+    return Checkpointer(directory, "transformer_translation", {"model": kind}, config, every_s)
+
+
+def _store_task(kind: str, data: TranslationData, cfg: TranslationConfig, device: torch.device,
+                checkpoint_dir: str | Path | None = None, every_s: float | None = None) -> tuple:
+    """One run for the command line: its row, per-length rows, history and its checkpoint's resumes (a list)."""
+    checkpoint = _checkpointer(checkpoint_dir, kind, cfg, every_s) if checkpoint_dir is not None else None
+    row, by_length, history, _, _ = _train_and_evaluate(kind, data, cfg, device, checkpoint=checkpoint)
+    return row, by_length, history, checkpoint.resumes if checkpoint is not None else []
 
 
 def store_config(cfg: TranslationConfig) -> dict:
@@ -353,11 +402,24 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=None)
     parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch threads per worker (default: the mode's; quick 1, full torch's own)")
+    parser.add_argument("--epochs", type=positive_int, default=None,
+                        help="override the epochs of both models (epochs and baseline_epochs)")
+    parser.add_argument("--n-train", type=positive_int, default=None, help="override the number of training pairs")
+    parser.add_argument("--n-valid", type=positive_int, default=None,
+                        help="override the number of validation sentences")
+    parser.add_argument("--n-test", type=positive_int, default=None, help="override the number of test sentences")
+    add_checkpoint_arguments(parser)
     args = parser.parse_args(argv)
+    every_s = checkpoint_every_s(parser, args)
     mode = args.mode or get_mode()
     cfg = TranslationConfig.for_mode(mode)
-    if args.models:
-        cfg = replace(cfg, models=tuple(args.models))
+    overrides = {k: v for k, v in (("epochs", args.epochs), ("baseline_epochs", args.epochs),
+                                   ("n_train", args.n_train), ("n_valid", args.n_valid), ("n_test", args.n_test),
+                                   ("num_threads", args.threads),
+                                   ("models", tuple(args.models) if args.models else None)) if v is not None}
+    cfg = replace(cfg, **overrides)
     device = torch.device(args.device) if args.device else get_device()
     try:
         store = ResultsStore(args.out, LAYOUT, store_config(cfg)).open()
@@ -366,19 +428,23 @@ def main(argv: list[str] | None = None) -> Path:
     sizes = {"data_sizes": store.previous.get("data_sizes")}
 
     def describe(wall: float) -> dict:
-        return provenance(wall, device=device, mode=mode, workers=args.workers, **sizes,
+        return provenance(wall, device=device, mode=mode, overrides=overrides, workers=args.workers, **sizes,
                           note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
                                "translations of a held-out English sentence as references")
 
-    with store, Session(store, describe, workers=args.workers) as session:
+    extra = {"checkpoint_dir": str(args.checkpoint_dir)} if args.checkpoint_dir else {}
+    with store, Session(store, describe, workers=args.workers, **extra) as session:
         todo = [kind for kind in cfg.models if not store.has({"model": kind})]
         if todo:
             data = cfg.data()
             sizes["data_sizes"] = data.sizes()
-            for row, by_length, history in run_tasks(_store_task, [(kind, data, cfg, device) for kind in todo],
-                                                     args.workers):
+            tasks = [(kind, data, cfg, device, args.checkpoint_dir, every_s) for kind in todo]
+            for row, by_length, history, resumes in run_tasks(_store_task, tasks, args.workers):
                 store.append(row, {"by_length": by_length, "history": history})
+                record_resumes(session, {"model": row["model"]}, resumes)
                 session.checkpoint()
+                if args.checkpoint_dir:   # the run is stored: its checkpoint is no longer needed
+                    _checkpointer(args.checkpoint_dir, row["model"], cfg, None).remove()
         summary = store.frame()
     print(summary.to_string(index=False))
     print(f"{len(summary)} models in {args.out} ({len(todo)} trained now)")
