@@ -135,12 +135,12 @@ def test_torch_gives_zeros_for_fully_masked_rows():
 
 
 def test_gradcheck_with_a_fully_masked_row():
-    q, k, v = _qkv(batch=(2,), n_q=5, n_k=7, d_k=3, d_v=2)
-    mask = _padding_mask(7, (7, 0))
+    q, k, v = _qkv(batch=(2,), n_q=3, n_k=5, d_k=2, d_v=2)
+    mask = _padding_mask(5, (5, 0))
     for checkpoint in (False, True):
         assert torch.autograd.gradcheck(
             lambda q, k, v: blockwise_attention(q, k, v, mask, block_size=3, query_block_size=2, checkpoint=checkpoint),
-            (q, k, v))
+            (q, k, v), fast_mode=True)
 
 
 # ---------------------------------------------------------------- low precision
@@ -315,6 +315,7 @@ def test_benchmark_runs_end_to_end_at_tiny_sizes(tmp_path, monkeypatch):
     assert (table.loc[table["method"] == "blockwise", "max_abs_err"] < 1e-5).all()
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["lengths"] == [32, 64] and len(record["targets"]) == 6
-    assert re.search(r"So torch's CPU kernel (forms|does not form) the full score matrix", record["sdpa_mask_conclusion"])
+    assert re.search(r"So torch's CPU kernel (forms|does not form) the full score matrix",
+                     record["sdpa_mask_conclusion"])
     text = out.read_text()
     assert "## Targets" in text and "## Provenance" in text and "torch's CPU kernel and masks" in text
