@@ -13,6 +13,10 @@ and differs only in the score ``a(q, k)`` (Murphy, PML 15.4.3):
 - :class:`CosineAttention`: ``beta * cos(q, k)`` with a learned scale ``beta`` (Graves et al. 2014, eq. 5-6);
 - :class:`MultiHeadAttention`: ``h`` scaled dot-product heads on learned projections (Vaswani et al. 2017, 3.2.2).
 
+:func:`blockwise_attention` computes the same output as :func:`scaled_dot_product_attention` one block of keys at
+a time with the online softmax, without ever forming the full score matrix (chapter 9, section "The online
+softmax").
+
 Mask convention, as everywhere in attnbook (see :mod:`attnbook.masking`): a **bool** tensor, **True = the key
 takes part**, broadcastable to ``(..., n_queries, n_keys)``; a key-padding mask is ``(batch, 1, n_keys)``, a causal
 mask ``(n_queries, n_keys)`` (:func:`causal_mask`). A query whose keys are all masked gets zero weights and a zero
@@ -35,12 +39,14 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from .masking import check_bool_mask, masked_softmax
 
 __all__ = [
     "scaled_dot_product_attention",
+    "blockwise_attention",
     "causal_mask",
     "AdditiveAttention",
     "DotProductAttention",
@@ -239,6 +245,160 @@ def scaled_dot_product_attention(
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = torch.bmm(dropped, v3).reshape(*batch, n_q, d_v)
     return out.to(dtype), weights.reshape(*batch, n_q, n_k).to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------- blockwise
+def _check_block_size(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _online_softmax_step(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, m: Tensor, l: Tensor,
+                         acc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One key block of the online softmax: ``(m, l, acc)`` of a query block updated by keys ``k`` and values ``v``.
+
+    ``q`` (already multiplied by the scale) is ``(n_b, b_q, d_k)``, ``k`` ``(n_b, b_k, d_k)``, ``v``
+    ``(n_b, b_k, d_v)``; ``bias`` is 0 where a key takes part and ``-inf`` where it is masked, broadcastable to
+    ``(n_b, b_q, b_k)``, or None. ``m`` and ``l`` are ``(n_b, b_q, 1)``, ``acc`` ``(n_b, b_q, d_v)``. The only
+    ``(b_q, b_k)`` tensor is the score tile, updated in place (no operation here saves a tensor that a later one
+    overwrites, so autograd allows it).
+    """
+    s = torch.bmm(q, k.transpose(1, 2)) if bias is None else torch.baddbmm(bias, q, k.transpose(1, 2))
+    # The running maximum carries no gradient: the softmax is invariant to the shift, so the gradient through it
+    # is exactly zero, and detaching it saves the backward pass the work of computing that zero.
+    m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))
+    shift = m_new.masked_fill(m_new == float("-inf"), 0.0)  # FlashAttention's guard: no (-inf) - (-inf)
+    p = s.sub_(shift).exp_()  # exp(-inf) = 0 for masked keys
+    alpha = (m - shift).exp()  # rescales the old sum and output; 0 while no key has been seen (m = -inf)
+    return m_new, alpha * l + p.sum(dim=-1, keepdim=True), torch.baddbmm(alpha * acc, p, v)
+
+
+def _bias_tile(mask: Tensor, batch: torch.Size, rows: slice, cols: slice, dtype: torch.dtype) -> Tensor:
+    """The additive bias (0 = takes part, ``-inf`` = masked) of one tile of ``mask`` (bool, True = takes part,
+    at least 2-D), shaped ``(n_b or 1, b_q or 1, b_k or 1)``: only the tile is copied, never the whole mask."""
+    tile = mask[..., rows if mask.shape[-2] > 1 else slice(None), cols if mask.shape[-1] > 1 else slice(None)]
+    bias = torch.zeros(tile.shape, dtype=dtype, device=mask.device).masked_fill_(~tile, float("-inf"))
+    if bias.shape[:-2].numel() == 1:
+        return bias.reshape(1, *bias.shape[-2:])
+    return bias.expand(*batch, *bias.shape[-2:]).reshape(-1, *bias.shape[-2:])
+
+
+def blockwise_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    block_size: int = 512,
+    query_block_size: int | None = None,
+    scale: float | None = None,
+    checkpoint: bool = False,
+) -> Tensor:
+    """``softmax(q k^T * scale, masked) v`` computed one block of keys at a time (the online softmax), without
+    ever forming the full ``(n_queries, n_keys)`` score matrix.
+
+    The output equals :func:`scaled_dot_product_attention`'s (up to rounding), with the same shapes, mask
+    convention, broadcasting rules and errors; only the memory differs. For each block of queries, the keys are
+    visited in blocks ``B_1, B_2, ...`` of ``block_size`` keys, keeping per query the running maximum ``m``, the
+    running sum ``l`` of exponentials and the running unnormalised output ``acc``:
+
+        s_j     = q . k_j * scale   (-inf where the key is masked),   for the keys j in block B_t
+        m_t     = max(m_{t-1}, max_{j in B_t} s_j)
+        alpha_t = exp(m_{t-1} - m_t)
+        l_t     = alpha_t * l_{t-1} + sum_{j in B_t} exp(s_j - m_t)
+        acc_t   = alpha_t * acc_{t-1} + sum_{j in B_t} exp(s_j - m_t) v_j
+        output  = acc_T / l_T
+
+    starting from ``m_0 = -inf``, ``l_0 = 0``, ``acc_0 = 0``. Each step rescales the old sums to the new maximum,
+    so after the last block ``l_T = sum_j exp(s_j - m_T)`` and ``acc_T / l_T`` is the softmax-weighted sum of all
+    values. A query whose keys are all masked keeps ``m = -inf``; as in FlashAttention, a maximum of ``-inf`` is
+    taken as ``0`` when shifting (so ``exp(-inf - 0) = 0``, never ``exp(-inf - (-inf)) = NaN``) and a zero sum
+    gives a zero output (and zero gradients).
+
+    Args:
+        q: queries ``(..., n_queries, d_k)``, any float dtype (fp16, bf16, fp32, fp64).
+        k: keys ``(..., n_keys, d_k)``, same dtype.
+        v: values ``(..., n_keys, d_v)``, same dtype. The batch dims ``...`` of ``q``, ``k``, ``v`` broadcast.
+        mask: bool, broadcastable to ``(..., n_queries, n_keys)`` without growing it; True = the key takes part
+            (same convention as ``torch.nn.functional.scaled_dot_product_attention``). ``None`` = every key takes
+            part. Typical shapes: ``(batch, 1, n_keys)`` (key padding), ``(n_queries, n_keys)`` (causal).
+        block_size: the number of keys per block, an int >= 1; the last block may be shorter. A block at least as
+            long as the keys gives a single pass (the plain softmax).
+        query_block_size: the number of queries per block, an int >= 1; ``None`` = ``block_size``. The largest
+            score tensor held at once is ``(..., query_block_size, block_size)``.
+        scale: a finite real number that multiplies the scores; ``None`` = ``1 / sqrt(d_k)`` (``1.0`` if
+            ``d_k = 0``), as in :func:`scaled_dot_product_attention`.
+        checkpoint: True = run each (query block, key block) step under ``torch.utils.checkpoint`` (only when a
+            gradient is needed), so that the backward pass recomputes each block's scores instead of keeping them.
+
+    Returns:
+        ``output`` of shape ``(..., n_queries, d_v)``, in the inputs' dtype. Finite inputs give a finite output; a
+        query with no valid key gets a zero output and zero gradients, in fp16, bf16, fp32 and fp64. For
+        fp16/bf16 inputs the scores, the running statistics and the sums are kept in fp32 (as the fused kernels
+        do) and the output is cast back.
+
+    Raises:
+        TypeError: an input is not a floating tensor, the dtypes differ, ``mask`` is not bool, ``scale`` is not a
+            real number, a block size is not an int, or ``checkpoint`` is not a bool.
+        ValueError: ``q`` and ``k`` differ in ``d_k``, ``k`` and ``v`` in ``n_keys``, the batch dims do not
+            broadcast, ``mask`` does not broadcast to ``(..., n_queries, n_keys)`` (the messages give the shapes),
+            a block size is < 1, or ``scale`` is NaN or infinite.
+
+    Memory. The forward pass holds ``O(n_queries * d)`` running statistics plus one
+    ``(query_block_size, block_size)`` score tile per batch element. Gradients come through autograd (there is no
+    hand-written backward), and autograd keeps every block's exponentials for the backward pass, so *with*
+    ``checkpoint=False`` training still stores ``O(n_queries * n_keys)`` numbers: the saving in training is much
+    smaller than in inference (``benchmarks/bench_long_attention.py`` measures both). ``checkpoint=True`` keeps
+    only each step's inputs, ``O(n_queries * d_v * n_keys / block_size)`` numbers, and pays with a second forward
+    pass in the backward. FlashAttention avoids both costs with a hand-written backward that recomputes the
+    scores block by block from the stored ``m`` and ``l`` (Dao et al. 2022, Algorithm 4).
+
+    Sources: the online normaliser recurrence of Milakov & Gimelshein (2018), "Online normalizer calculation for
+    softmax", Algorithm 3 (one pass for the maximum and the sum), extended to the weighted sum of values; Rabe &
+    Staats (2021), "Self-attention does not need O(n^2) memory" (the same for attention in chunks of keys and
+    queries, with the running maximum for numerical stability, and gradients through checkpointing, as the option
+    here); Dao et al. (2022), "FlashAttention", Algorithm 1 (the block update of ``m``, ``l`` and ``O``).
+    Chapter 9, section "The online softmax".
+    """
+    batch = _check_qkv(q, k, v)
+    n_q, d_k, n_k, d_v = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+    _check_mask(mask, (*batch, n_q, n_k))
+    scale = _check_scale(scale, d_k)
+    block_size = _check_block_size("block_size", block_size)
+    q_block = block_size if query_block_size is None else _check_block_size("query_block_size", query_block_size)
+    if not isinstance(checkpoint, bool):
+        raise TypeError(f"checkpoint must be a bool, got {type(checkpoint).__name__} {checkpoint!r}")
+    if n_q == 0 or n_k == 0:  # no score at all: the explicit path forms only empty matrices
+        return scaled_dot_product_attention(q, k, v, mask, scale=scale, return_weights=True)[0]
+
+    dtype, compute = q.dtype, _compute_dtype(q.dtype)
+    # 3-D views (n_b, n, d) of the full batch shape; reshape copies only inputs whose batch dims were broadcast.
+    n_b = math.prod(batch)
+    qs = (q.to(compute) * scale).expand(*batch, n_q, d_k).reshape(n_b, n_q, d_k)
+    k3 = k.to(compute).expand(*batch, n_k, d_k).reshape(n_b, n_k, d_k)
+    v3 = v.to(compute).expand(*batch, n_k, d_v).reshape(n_b, n_k, d_v)
+    if mask is not None:
+        mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
+    use_checkpoint = checkpoint and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    outputs = []
+    for i in range(0, n_q, q_block):
+        rows = slice(i, min(i + q_block, n_q))
+        m = torch.full((n_b, rows.stop - i, 1), float("-inf"), dtype=compute, device=q.device)
+        l = torch.zeros((n_b, rows.stop - i, 1), dtype=compute, device=q.device)
+        acc = torch.zeros((n_b, rows.stop - i, d_v), dtype=compute, device=q.device)
+        for j in range(0, n_k, block_size):
+            cols = slice(j, min(j + block_size, n_k))
+            bias = None if mask is None else _bias_tile(mask, batch, rows, cols, compute)
+            args = (qs[:, rows], k3[:, cols], v3[:, cols], bias, m, l, acc)
+            if use_checkpoint:
+                m, l, acc = torch.utils.checkpoint.checkpoint(_online_softmax_step, *args, use_reentrant=False)
+            else:
+                m, l, acc = _online_softmax_step(*args)
+        outputs.append(acc / l.masked_fill(l == 0, 1.0))  # acc is exactly 0 where l is: zero output, no 0/0
+    return torch.cat(outputs, dim=-2).reshape(*batch, n_q, d_v).to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------- modules
