@@ -15,9 +15,10 @@ Methods:
 - ``blockwise``: ``attnbook.attention.blockwise_attention`` (the online softmax, ``--block-size`` keys and
   ``--query-block-size`` queries per tile), and ``blockwise + checkpoint`` (the same with ``checkpoint=True``:
   its forward pass is the same computation; only forward + backward differs);
-- memory only, to see what torch's CPU kernel does with a mask: ``SDPA, float mask`` (the same mask as an
-  additive fp32 mask of 0 and -inf), ``SDPA, no mask``, and ``SDPA, bool mask (L, L)`` (the key-padding mask
-  materialised as a full ``(batch, 1, L, L)`` bool tensor).
+- forward memory only, to see what torch's CPU kernel does with a mask: ``SDPA, float mask`` (the same mask as
+  an additive fp32 mask of 0 and -inf), ``SDPA, no mask``, and ``SDPA, bool mask (L, L)`` (the key-padding mask
+  materialised as a full ``(batch, 1, L, L)`` bool tensor). The notes of the markdown file state the conclusion,
+  chosen by code from these peaks.
 
 Memory: each (method, L, pass) runs in a new process, forked (``multiprocessing``'s forkserver) from a server
 that has only imported torch and this script and never run an operation. The child sets glibc's mmap threshold
@@ -31,8 +32,10 @@ library overhead. Linux only.
 
 Time: in this process, after one untimed call per method (which also checks the output and dq against SDPA),
 ``--rounds`` interleaved rounds (every round runs every timed method once, in a shuffled order); forward and
-backward are timed separately and divided by SDPA's times in the same round; we report the medians. The machine
-may be shared, so only the ratios mean much.
+backward are timed separately and divided by SDPA's times in the same round; we report the medians. Lengths above
+``--time-max-length`` (default 8,192) are measured for memory only, to keep the whole run within minutes on a
+busy CPU. One torch thread by default (``--threads``): on a shared 2-core machine two threads wait for each other
+and make small operations many times slower. The machine may be shared, so only the ratios mean much.
 
 A (method, L, pass) whose estimated memory exceeds ``--max-gib`` is skipped (the table says so): the explicit
 path holds about 2 (forward) or 4 (forward + backward) fp32 ``(batch, heads, L, L)`` matrices, blockwise
@@ -194,14 +197,23 @@ def run(args) -> tuple[pd.DataFrame, list[dict], str]:
         skipped = {(name, pass_) for name in TIMED + MEMORY_ONLY for pass_ in PASSES
                    if estimated_gib(name, pass_, args.batch, args.heads, n) > args.max_gib}
         timed = [name for name in TIMED if (name, "forward+backward") not in skipped]
-        times = measure_time(n, timed, args)
+        times = measure_time(n, timed, args) if n <= args.time_max_length else {}
         for name in TIMED + MEMORY_ONLY:
-            row = {"L": n, "method": name}
+            row, notes = {"L": n, "method": name}, []
             for pass_ in PASSES:
                 key = "mem_fwd_mib" if pass_ == "forward" else "mem_fwd_bwd_mib"
-                row[key] = float("nan") if (name, pass_) in skipped else pool.submit(child, name, n, pass_, args).result()
+                row[key] = float("nan")
+                if (name, pass_) in skipped:
+                    notes.append(f"{pass_} skipped (estimated > {args.max_gib:g} GiB)")
+                elif name in MEMORY_ONLY and pass_ != "forward":
+                    pass  # the question about torch's kernel concerns the forward pass; saves run time
+                elif name == "blockwise + checkpoint" and pass_ == "forward":
+                    notes.append("forward memory: as blockwise (the same computation)")
+                else:
+                    row[key] = pool.submit(child, name, n, pass_, args).result()
             row.update(times.get(name, {}))
-            notes = [f"{p} skipped (estimated > {args.max_gib:g} GiB)" for p in PASSES if (name, p) in skipped]
+            if name in TIMED and n > args.time_max_length:
+                notes.append("not timed (L > --time-max-length)")
             row["note"] = "; ".join(notes)
             rows.append(row)
             print(f"L={n:>6} {name:<24} " + " ".join(f"{key}={value:.4g}" for key, value in row.items()
@@ -260,8 +272,8 @@ def sdpa_conclusion(table: pd.DataFrame, args) -> str:
             f"{peak['SDPA, bool mask (L, L)']:.1f} MiB; one fp32 score matrix would be {score:.0f} MiB."]
     text.append("So torch's CPU kernel " + ("forms" if forms_scores else "does not form") + " the full score matrix"
                 + (" with a bool key-padding mask" if forms_scores else "") + ", and a bool key-padding mask "
-                + ("costs no more than no mask (within "
-                   f"{abs(bool_extra):.1f} MiB)" if abs(bool_extra) < 0.05 * score else
+                + ("costs the same as no mask (difference "
+                   f"{bool_extra:+.1f} MiB)" if abs(bool_extra) < 0.05 * score else
                    f"adds {bool_extra:.1f} MiB over no mask") + ".")
     if full_extra >= 0.5 * float_full:
         text.append(f"A full (L, L) bool mask adds {full_extra:.0f} MiB over no mask, about the {float_full:.0f} "
@@ -282,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--query-block-size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--time-max-length", type=int, default=8192,
+                        help="time only lengths up to this (longer ones: memory only, to keep the run short)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
     parser.add_argument("--max-gib", type=float, default=6.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -294,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     record = provenance(wall_time_s=time.perf_counter() - start, device="cpu", batch=args.batch,
                         heads=args.heads, d=args.d, lengths=args.lengths, dtype="float32",
                         block_size=args.block_size, query_block_size=args.query_block_size, rounds=args.rounds,
+                        time_max_length=args.time_max_length,
                         threads=args.threads, max_gib=args.max_gib, note=args.note, targets=checks,
                         sdpa_mask_conclusion=conclusion)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -321,7 +336,9 @@ def main(argv: list[str] | None = None) -> None:
         f"- torch's CPU kernel and masks: {conclusion}",
         "- Skipped cells: a (method, pass) whose estimated peak exceeds the limit of "
         f"{args.max_gib:g} GiB is not run (column `note`); its time is then not measured either.",
-        "- Blockwise + checkpoint computes the same forward pass as blockwise; only its forward+backward differs.",
+        "- Blockwise + checkpoint computes the same forward pass as blockwise; only its forward+backward differs, "
+        "so its forward memory is not measured again. The SDPA mask variants are measured in the forward pass "
+        f"only. Lengths above {args.time_max_length:,} are not timed (memory only), to keep the run short.",
         "",
         "## Provenance",
         "",

@@ -358,8 +358,9 @@ def blockwise_attention(
 
     Sources: the online normaliser recurrence of Milakov & Gimelshein (2018), "Online normalizer calculation for
     softmax", Algorithm 3 (one pass for the maximum and the sum), extended to the weighted sum of values; Rabe &
-    Staats (2021), "Self-attention does not need O(n^2) memory", section 2 (the same for attention, in chunks);
-    Dao et al. (2022), "FlashAttention", Algorithm 1 (lines 9-13: the block update of ``m``, ``l`` and ``O``).
+    Staats (2021), "Self-attention does not need O(n^2) memory" (the same for attention in chunks of keys and
+    queries, with the running maximum for numerical stability, and gradients through checkpointing, as the option
+    here); Dao et al. (2022), "FlashAttention", Algorithm 1 (the block update of ``m``, ``l`` and ``O``).
     Chapter 9, section "The online softmax".
     """
     batch = _check_qkv(q, k, v)
