@@ -108,7 +108,7 @@ class TransformerPaddingConfig(ModeConfig):
     batch_size: int = 32
     epochs: int = 2
     lr: float = 3e-3
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1)
     split_seed: int = 0
     eval_batch_size: int = 100
     threads: int = 1
@@ -118,8 +118,9 @@ class TransformerPaddingConfig(ModeConfig):
     @classmethod
     def quick(cls) -> "TransformerPaddingConfig":
         """4,000 training reviews (500 validation, 500 test) cut to 128 tokens, a small encoder (d_model 32,
-        1 layer, 2 heads, feed-forward 64), batch 32, 2 epochs, 3 seeds: a few seconds a run on one core, and
-        about 77% test accuracy with mean pooling."""
+        1 layer, 2 heads, feed-forward 64), batch 32, 2 epochs, 2 seeds (3 made chapter 8 exceed its quick
+        budget once its translator trained on chapter 4's data): a few seconds a run on one core, and about 77%
+        test accuracy with mean pooling."""
         return cls()
 
     @classmethod
