@@ -331,6 +331,19 @@ def test_sessions_are_recorded_one_per_invocation(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_session_left_running_by_a_killed_process_is_recorded_as_killed(tmp_path):
+    out, meta = tmp_path / "r.csv", tmp_path / "r.json"
+    with ResultsStore(out, LAYOUT, CONFIG) as s, _session(s, cli=False):
+        s.append(row("a"))
+    record = json.loads(meta.read_text())
+    record["sessions"].append(dict(record["sessions"][0], status="running", interrupted=True))  # as a SIGKILL leaves
+    meta.write_text(json.dumps(record))
+    with ResultsStore(out, LAYOUT, CONFIG) as s, _session(s, cli=False):
+        pass
+    statuses = [x["status"] for x in json.loads(meta.read_text())["sessions"]]
+    assert statuses == ["finished", "killed", "finished"]
+
+
 def test_an_interrupted_command_line_exits_130_or_143_after_recording_it(tmp_path):
     out = tmp_path / "r.csv"
     handler = signal.getsignal(signal.SIGTERM)

@@ -573,6 +573,8 @@ class Session:
         **extra: entries of this session's record (e.g. ``workers``).
 
     A session that ends with another exception is recorded as ``"failed"`` with the error, and the exception goes on.
+    An earlier session still recorded as ``"running"`` when a new one starts was killed without recording its end
+    (the store's lock rules out a live one); the new session rewrites its status as ``"killed"``.
     """
 
     def __init__(self, store: ResultsStore, describe: Callable[[float], Mapping], *, cli: bool = True, **extra):
@@ -622,7 +624,11 @@ class Session:
                    "runs_added": self.store.n_runs - self.runs_at_start, **self.extra}
         if error:
             session["error"] = error
-        record["sessions"] = list(self.store.previous.get("sessions", [])) + [session]
+        # The store's lock admits one process at a time, so an earlier session still marked "running" was killed
+        # before it could record its end (SIGKILL, a lost machine): say so. Its finished runs are in the table.
+        earlier = [dict(s, status="killed", interrupted=True) if s.get("status") == "running" else s
+                   for s in self.store.previous.get("sessions", [])]
+        record["sessions"] = earlier + [session]
         record["total_wall_time_s"] = round(sum(s.get("wall_time_s") or 0 for s in record["sessions"]), 2)
         self.store.write_record(record)
 
