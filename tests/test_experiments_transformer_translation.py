@@ -64,7 +64,8 @@ def test_presets_take_chapter_4s_quick_data_and_bahdanau_model():
     assert differences <= set(ch4.LAYOUT.not_configuration)
     assert quick.baseline_epochs == quick.epochs == ch4q.epochs
     assert (quick.norm_first, quick.models, quick.seeds) == (True, ("transformer", "bahdanau"), (0,))
-    assert 0 < quick.label_smoothing < 0.5 and quick.warmup_steps > 0
+    assert (quick.d_model, quick.dim_feedforward, quick.lr, quick.warmup_steps, quick.label_smoothing) == \
+        (64, 256, 3e-3, 200, 0.0)
     assert (full.n_train, full.max_src_len, full.d_model, full.covered_only, full.seeds) == \
         (None, 50, 256, False, (0, 1, 2))
     assert full.baseline_config().hidden_size == ch4.Seq2SeqConfig.full().hidden_size
