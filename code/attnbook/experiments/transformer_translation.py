@@ -206,9 +206,10 @@ class TranslationConfig(ModeConfig):
         configuration's data, batches, decoding, seeds and baseline sizes, Bahdanau's model only, a constant
         learning rate and scaled Luong scores (unused by Bahdanau's model). ``TranslationConfig.quick()``'s is
         ``Seq2SeqConfig.quick()`` up to ``models`` and ``seeds``, which only choose runs."""
-        return Seq2SeqConfig(**{k: getattr(self, k) for k in SHARED_FIELDS}, attention_size=self.baseline_attention_size,
-                             dropout=self.baseline_dropout, lr=self.baseline_lr, epochs=self.baseline_epochs,
-                             lr_schedule="constant", luong_scaled=True, models=("bahdanau",))
+        return Seq2SeqConfig(**{k: getattr(self, k) for k in SHARED_FIELDS},
+                             attention_size=self.baseline_attention_size, dropout=self.baseline_dropout,
+                             lr=self.baseline_lr, epochs=self.baseline_epochs, lr_schedule="constant",
+                             luong_scaled=True, models=("bahdanau",))
 
 
 def _check_kind(kind: object) -> str:
