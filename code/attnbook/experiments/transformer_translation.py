@@ -162,11 +162,12 @@ class TranslationConfig(ModeConfig):
 
         Why (seed 0, 2 epochs; greedy BLEU on the 600 test sentences, where chapter 4's Bahdanau model has 41.7):
 
-        - The budget. An epoch of this Transformer cost about as much CPU time on one thread as an epoch of the
-          Bahdanau model (measured with :func:`time.process_time` on a busy 2-core machine: about 42-45 s against
-          about 40 s for the first 100 steps of either; the stored runs' ``train_cpu_s`` give the whole), so both
-          train for chapter 4's 2 epochs. A wider model (d_model 96, feed-forward 192) cost about 1.2 times as much
-          per epoch and is not used.
+        - The budget. An epoch of this Transformer costs no more CPU time on one thread than an epoch of the
+          Bahdanau model, so both train for chapter 4's 2 epochs. Measured with :func:`time.process_time` on a busy
+          2-core machine, at the same time: 45 to 48 s per epoch for the Transformer's three stored seeds
+          (``train_cpu_s``), 54 s for the Bahdanau model (seed 0, through :func:`train_model`); on a quieter
+          machine about 26 and 40 s (the first 100 steps of each). A wider Transformer (d_model 96, feed-forward
+          192) cost about 1.2 times as much per epoch as this one and is not used.
         - The data, not the model, was what failed before: the earlier preset (6,000 of these pairs, feed-forward
           128, 100 warm-up steps, 3 epochs) reached about 22 BLEU with beam search; on chapter 4's 35,000 pairs this
           Transformer reaches 48.7 greedy BLEU (validation loss 1.04 nats per token, Bahdanau's 1.27) and its
