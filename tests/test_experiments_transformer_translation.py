@@ -6,6 +6,7 @@ paired verdict."""
 
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -276,3 +277,15 @@ def test_compare_models_chooses_the_verdict_from_paired_seeds(transformer, expec
     assert ex.compare_models(runs[runs.seed < 2], n_resamples=99)["verdict"] == "not yet answered"
     with pytest.raises(ValueError, match=r"frame lacks the columns \['bleu_beam2'\]"):
         ex.compare_models(runs, value="bleu_beam2")
+
+
+def test_the_committed_quick_seeds_are_of_the_quick_configuration():
+    """Chapter 8 reads them: a changed quick preset needs new stored runs (the module's docstring has the command)."""
+    repo = Path(__file__).resolve().parents[1]
+    cfg = ex.TranslationConfig.quick()
+    runs, by_length, sources = ex.comparison_runs(cfg, ex.read_runs("transformer_translation_quick", repo),
+                                                  ex.read_runs("seq2seq_quick", repo))
+    assert sources == {"stored": "used", "chapter4": "used"}
+    assert runs.groupby("model").seed.apply(sorted).to_dict() == {"bahdanau": [0, 1, 2], "transformer": [0, 1, 2]}
+    assert set(by_length.model) == {"transformer", "bahdanau"}
+    assert ex.compare_models(runs, n_resamples=99)["n_pairs"] == 3
