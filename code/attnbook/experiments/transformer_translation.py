@@ -165,9 +165,10 @@ class TranslationConfig(ModeConfig):
         - The budget. An epoch of this Transformer costs no more CPU time on one thread than an epoch of the
           Bahdanau model, so both train for chapter 4's 2 epochs. Measured with :func:`time.process_time` on a busy
           2-core machine, at the same time: 45 to 48 s per epoch for the Transformer's three stored seeds
-          (``train_cpu_s``), 54 s for the Bahdanau model (seed 0, through :func:`train_model`); on a quieter
-          machine about 26 and 40 s (the first 100 steps of each). A wider Transformer (d_model 96, feed-forward
-          192) cost about 1.2 times as much per epoch as this one and is not used.
+          (``train_cpu_s``), 54 s for the Bahdanau model (seed 0, through :func:`train_model`). CPU time grows
+          with the load too: the chapter's live run of the Transformer took 35 s per epoch on a less busy machine.
+          A wider Transformer (d_model 96, feed-forward 192) cost about 1.2 times as much per epoch as this one
+          and is not used.
         - The data, not the model, was what failed before: the earlier preset (6,000 of these pairs, feed-forward
           128, 100 warm-up steps, 3 epochs) reached about 22 BLEU with beam search; on chapter 4's 35,000 pairs this
           Transformer reaches 48.7 greedy BLEU (validation loss 1.04 nats per token, Bahdanau's 1.27) and its
