@@ -101,11 +101,13 @@ def test_transformer_translation_resumed_run_equals_the_uninterrupted_one(data, 
     straight = tt.train_model(kind, data, TT)
     for killed in ({"kill_after": 1}, {"kill_after": 1, "due_at": 4}):
         config = {k: v for k, v in tt.store_config(TT).items() if k not in tt.LAYOUT.not_configuration}
-        first = Killed(tmp_path / str(len(killed)), "transformer_translation", {"model": kind}, config, **killed)
+        first = Killed(tmp_path / str(len(killed)), "transformer_translation", {"model": kind, "seed": 0}, config,
+                       **killed)
         with pytest.raises(Stop):
             tt.train_model(kind, data, TT, checkpoint=first)
         assert first.saves == ([(2, 0)] if len(killed) == 1 else [(1, 4)])
-        again = tt._checkpointer(tmp_path / str(len(killed)), kind, TT, None)
+        again = tt._checkpointer(tmp_path / str(len(killed)), kind, 0, TT, None)
+        assert again.path.name == f"transformer_translation-model={kind}-seed=0.pt"
         _assert_same(straight, tt.train_model(kind, data, TT, checkpoint=again))
         assert len(again.resumes) == 1
 
@@ -188,9 +190,42 @@ def test_cli_resumes_from_a_checkpoint_records_it_and_deletes_it(which, tmp_path
     assert [s["status"] for s in sessions] == ["interrupted", "finished"]
     assert sessions[1]["checkpoint_dir"] == str(checkpoints)
     (entry,) = sessions[1]["resumed_runs"]
-    assert entry["model"] == "bahdanau" and entry["sessions"] == 2
+    assert entry["model"] == "bahdanau" and entry["seed"] == 0 and entry["sessions"] == 2
     assert (entry["resumes"][0]["from_epoch"], entry["resumes"][0]["from_step"]) == (2, 0)
 
+
+
+def test_translation_cli_checkpoints_each_run_by_model_and_seed(tmp_path, monkeypatch, data):
+    """Chapter 8's store is keyed by (model, seed): a Transformer run with seed 1 is stopped inside its first epoch,
+    its checkpoint is named by model and seed, and the resumed store equals one trained in one go."""
+    main = _cli(tt, monkeypatch, tt.TranslationConfig, replace(TT, models=("transformer",)), data)
+    args = ["--mode", "quick", "--device", "cpu", "--seeds", "2"]
+    main([*args, "--out", str(tmp_path / "straight" / "r.csv")])
+    real_save, saves = ck.Checkpointer.save, []
+
+    def save_then_stop(self, **kw):                      # seed 0 is stored; seed 1 is "killed" at its first save
+        real_save(self, **kw)
+        saves.append((self.identity["seed"], kw["epoch"], kw["step"]))
+        if self.identity["seed"] == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck.Checkpointer, "save", save_then_stop)
+    monkeypatch.setattr(ck.Checkpointer, "due", lambda self: self.identity["seed"] == 1)   # seed 1: after a batch
+    out, checkpoints = tmp_path / "resumed" / "r.csv", tmp_path / "checkpoints"
+    with pytest.raises(SystemExit):
+        main([*args, "--out", str(out), "--checkpoint-dir", str(checkpoints), "--checkpoint-minutes", "1"])
+    assert saves[-1] == (1, 1, 1) and [p.name for p in checkpoints.glob("*.pt")] == \
+        ["transformer_translation-model=transformer-seed=1.pt"]                     # seed 0's was deleted once stored
+    monkeypatch.setattr(ck.Checkpointer, "save", real_save)
+    main([*args, "--out", str(out), "--checkpoint-dir", str(checkpoints)])
+    assert not list(checkpoints.glob("*.pt"))
+    columns = ["model", "seed", "valid_loss", "bleu_greedy", "bleu_beam", "token_acc"]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "straight" / "r.csv")[columns], pd.read_csv(out)[columns])
+    history = [pd.read_csv(d / "r_history.csv").drop(columns="seconds") for d in (tmp_path / "straight", out.parent)]
+    pd.testing.assert_frame_equal(*history)
+    (entry,) = json.loads(out.with_suffix(".json").read_text())["sessions"][1]["resumed_runs"]
+    assert (entry["model"], entry["seed"], entry["sessions"]) == ("transformer", 1, 2)
+    assert (entry["resumes"][0]["from_epoch"], entry["resumes"][0]["from_step"]) == (1, 1)
 
 @pytest.mark.parametrize("module", [s2s, tt])
 def test_cli_refuses_checkpoint_minutes_without_a_folder(module, tmp_path, capsys):
