@@ -25,7 +25,6 @@ and the store's provenance records which runs were resumed (the session's ``resu
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import random
 import re
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .provenance import fsync_dir
+from .provenance import atomic_write
 from .store import _json_plain, config_differences
 
 __all__ = ["FORMAT", "rng_states", "set_rng_states", "checkpoint_file", "save_checkpoint", "load_checkpoint",
@@ -101,20 +100,7 @@ def save_checkpoint(path: str | Path, checkpoint: Mapping) -> Path:
     """Write ``checkpoint`` (a dict, see the module docstring) to ``path`` atomically: whole into a temporary file
     in the same folder (created if needed), flushed and fsynced, then renamed over ``path`` with :func:`os.replace`,
     so a kill at any moment leaves the previous checkpoint or the new one, never a part. Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as f:
-            torch.save(dict(checkpoint), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
+    return atomic_write(path, lambda f: torch.save(dict(checkpoint), f))
 
 
 def load_checkpoint(path: str | Path, device: torch.device | str = "cpu", mmap: bool = False) -> dict | None:

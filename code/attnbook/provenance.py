@@ -13,7 +13,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ import torch
 from . import __version__
 from .runtime import describe_device, get_device, get_mode
 
-__all__ = ["REPOSITORY_URL", "atomic_write_text", "fsync_dir", "git_commit", "provenance", "read_stored",
+__all__ = ["REPOSITORY_URL", "atomic_write", "atomic_write_text", "fsync_dir", "git_commit", "provenance", "read_stored",
            "write_provenance"]
 
 #: The book's repository (the same URL as ``repository.url`` in ``_config.yml``; a test checks they agree).
@@ -72,17 +72,19 @@ def provenance(wall_time_s: float | None = None, device: torch.device | str | No
     return record
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` so that a reader, a crash or a kill sees either the old file or the new one,
-    never a part: the text goes whole into a temporary file in the same folder (parents created), which is flushed,
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """Call ``write(f)`` on a binary file so that a reader, a crash or a kill sees either the old ``path`` or the new
+    one, never a part: ``write`` fills a temporary file in the same folder (parents created), which is flushed,
     fsynced and then renamed over ``path`` (``os.replace``, atomic on POSIX and Windows); the folder is fsynced too
-    where the platform allows. The temporary file is removed if anything fails, Ctrl-C included. Returns the path."""
+    where the platform allows. The temporary file is removed if anything fails, Ctrl-C included. Returns the path.
+    Used for the results stores' tables and sidecars (:func:`atomic_write_text`) and for training checkpoints
+    (:func:`attnbook.checkpoint.save_checkpoint`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(temporary, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
@@ -91,6 +93,11 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8, newlines as given) to ``path`` atomically (:func:`atomic_write`). Returns the path."""
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def fsync_dir(folder: str | Path) -> None:
