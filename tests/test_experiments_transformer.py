@@ -261,7 +261,7 @@ def test_a_killed_run_resumes_without_losing_or_doubling_a_run(tmp_path, tiny):
     frame = check_resumed(out, before, KEYS, expected=4)
     assert set(frame.apply(condition_id, axis=1)) == set(TWO.split(","))
     sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
-    assert [s["status"] for s in sessions] == ["running", "finished"]
+    assert [s["status"] for s in sessions] == ["killed", "finished"]      # the SIGKILLed session, as the next saw it
 
 
 def test_a_cut_last_row_is_set_aside_and_its_run_redone(tmp_path, tiny, capsys):

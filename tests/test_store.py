@@ -657,3 +657,17 @@ def test_merge_uses_the_experiments_current_layout(tmp_path):
                           capture_output=True, env={**os.environ, "PYTHONPATH": CODE})
     assert "merged 1 runs" in done.stdout and len(pd.read_csv(shell)) == 2, done.stderr
     assert merge(src, dst)["added"] == 1 and len(pd.read_csv(dst)) == 2
+
+
+def test_collect_runs_appends_each_run_and_returns_stored_and_new_sorted(tmp_path):
+    out = tmp_path / "r.csv"
+    seen = []
+    with ResultsStore(out, LAYOUT, CONFIG) as s:
+        s.append(row("b", 0))                                        # stored before the call
+        frame = store.collect_runs(row, [("c", 1), ("a", 2)], 2, store=s, keys=["name"],
+                                   show_progress=False, on_run=lambda f: seen.append(len(f)))
+        assert s.n_runs == 3
+    assert list(frame["name"]) == ["a", "b", "c"] and seen == [2, 3]
+    assert len(pd.read_csv(out)) == 3
+    alone = store.collect_runs(row, [("x", 0)], 1, show_progress=False)
+    assert list(alone["name"]) == ["x"]

@@ -66,9 +66,10 @@ from typing import Any
 import pandas as pd
 
 from .provenance import atomic_write_text, fsync_dir, git_commit
+from .runtime import progress, run_tasks
 
 __all__ = ["StoreError", "StoreLocked", "Layout", "ResultsStore", "Session", "check_out", "sidecar_path",
-           "lock_path", "merge", "device_kind", "positive_int", "device_arg", "csv_path", "main"]
+           "lock_path", "merge", "device_kind", "collect_runs", "positive_int", "device_arg", "csv_path", "main"]
 
 
 class StoreError(ValueError):
@@ -555,6 +556,38 @@ def read_record(path: str | Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise StoreError(f"{path} is not valid JSON ({err}); restore it (e.g. with git checkout)") from None
+
+
+def collect_runs(task: Callable, arguments: Iterable[tuple], n_tasks: int, *, workers: int = 1,
+                 store: "ResultsStore | None" = None, keys: Iterable[str] = (), show_progress: bool = True,
+                 on_run: Callable[[pd.DataFrame], object] | None = None) -> pd.DataFrame:
+    """Run ``task(*args)`` for each of the ``n_tasks`` tuples of ``arguments`` (on ``workers`` processes, through
+    :func:`attnbook.runtime.run_tasks`, in the order they finish) and gather their rows: each finished row (a dict)
+    is appended to ``store`` at once (whole and fsynced, :meth:`ResultsStore.append`), then ``on_run`` is called with
+    every run so far. The experiments' ``run_grid`` functions (chapters 5, 8 and 9) share this loop.
+
+    Returns:
+        Every run: the stored ones (``store.frame()`` as it was before this call), then this call's, sorted by
+        ``keys`` (stable) if given.
+    """
+    done = store.frame() if store is not None else pd.DataFrame()
+    rows: list[Mapping] = []
+
+    def so_far() -> pd.DataFrame:  # every run: the stored ones, then this call's
+        return pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
+
+    bar = progress(total=n_tasks, desc="runs", disable=not show_progress)
+    for row in run_tasks(task, arguments, workers, ordered=False):
+        if store is not None:
+            store.append(row)
+        rows.append(row)
+        bar.update(1)
+        if on_run is not None:
+            on_run(so_far())
+    bar.close()
+    frame = so_far()
+    keys = list(keys)
+    return frame.sort_values(keys, kind="stable").reset_index(drop=True) if len(frame) and keys else frame
 
 
 # ------------------------------------------------------------------------------------------------- sessions

@@ -59,8 +59,9 @@ from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..models import BiGRUClassifier, padding_mask
 from ..pooling import MASKINGS, pool_weights
 from ..provenance import provenance
-from ..runtime import ModeConfig, describe_device, get_device, get_mode, progress, run_tasks, seed_everything
-from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
+from ..runtime import ModeConfig, describe_device, get_device, get_mode, seed_everything
+from ..store import (Layout, ResultsStore, Session, StoreError, collect_runs, csv_path, device_arg,
+                     positive_int)
 
 __all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid", "open_store",
            "store_config", "main", "RESULT_COLUMNS", "LAYOUT"]
@@ -410,7 +411,6 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1,
             return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
                             only=only, on_run=on_run)
     store = out
-    done = store.frame() if store is not None else pd.DataFrame()
     grid = [c for c in conditions(cfg.grid) if only is None or condition_id(c) in only]
     tasks = [(c, s) for s in cfg.seeds for c in grid
              if store is None or not store.has({**c, "seed": s, "device": str(device)})]
@@ -418,23 +418,9 @@ def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1,
         data = prepare_data(cfg)
     n_gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     devices = [f"cuda:{i % n_gpus}" if n_gpus > 1 else str(device) for i in range(len(tasks))]
-    rows = []
-
-    def so_far() -> pd.DataFrame:  # every run: the stored ones, then this call's
-        return pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
-
-    bar = progress(total=len(tasks), desc="runs", disable=not show_progress)
-    results = run_tasks(_task, ((cfg, data, c, s, d) for (c, s), d in zip(tasks, devices)), workers, ordered=False)
-    for row in results:
-        if store is not None:
-            store.append(row)
-        rows.append(row)
-        bar.update(1)
-        if on_run is not None:
-            on_run(so_far())
-    bar.close()
-    frame = so_far()
-    return frame.sort_values(list(_KEYS), kind="stable").reset_index(drop=True) if len(frame) else frame
+    arguments = ((cfg, data, c, s, d) for (c, s), d in zip(tasks, devices))
+    return collect_runs(_task, arguments, len(tasks), workers=workers, store=store, keys=_KEYS,
+                        show_progress=show_progress, on_run=on_run)
 
 
 def _columns() -> list[str]:

@@ -50,8 +50,9 @@ import torch
 
 from ..batching import BucketBatchSampler, RandomBatchSampler, pack_collate, pack_documents
 from ..provenance import provenance
-from ..runtime import describe_device, get_device, get_mode, progress, run_tasks, seed_everything
-from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
+from ..runtime import describe_device, get_device, get_mode, seed_everything
+from ..store import (Layout, ResultsStore, Session, StoreError, collect_runs, csv_path, device_arg,
+                     positive_int)
 from ..transformer import TransformerClassifier
 from .masking import _batch, _writable
 from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
@@ -262,27 +263,13 @@ def run_grid(cfg: PackingConfig, data: dict | None = None, *, workers: int = 1,
             return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
                             only=only, on_run=on_run)
     store = out
-    done = store.frame() if store is not None else pd.DataFrame()
     grid = [c for c in conditions() if only is None or condition_id(c) in only]
     tasks = [(c, s) for s in cfg.seeds for c in grid if store is None or not store.has({**c, "seed": s})]
     if tasks and data is None:
         data = prepare_data(cfg)
-    rows = []
-
-    def so_far() -> pd.DataFrame:
-        return pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
-
-    bar = progress(total=len(tasks), desc="runs", disable=not show_progress)
-    for row in run_tasks(_task, ((cfg, data, c, s, str(device)) for c, s in tasks), workers, ordered=False):
-        if store is not None:
-            store.append(row)
-        rows.append(row)
-        bar.update(1)
-        if on_run is not None:
-            on_run(so_far())
-    bar.close()
-    frame = so_far()
-    return frame.sort_values(list(_KEYS), kind="stable").reset_index(drop=True) if len(frame) else frame
+    arguments = ((cfg, data, c, s, str(device)) for c, s in tasks)
+    return collect_runs(_task, arguments, len(tasks), workers=workers, store=store, keys=_KEYS,
+                        show_progress=show_progress, on_run=on_run)
 
 
 def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] = COMPARISONS, *,
