@@ -8,6 +8,13 @@ build may take on a 2-core machine. Most chapters run one process at a time, so 
 The cache is emptied first, so every build executes every notebook with the current code (a cache keyed on the
 notebooks alone would keep outputs made with older library code). Each notebook runs in its own folder, as myst-nb
 runs it, with ``ATTNBOOK_NO_PROGRESS=1`` (no progress bars in the pages, :func:`attnbook.runtime.in_book_build`).
+
+With two notebooks at once, each kernel gets one thread (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``; torch reads
+them at import): two kernels with two threads each on two cores made torch's threads wait on each other, and the same
+build took 1,126 CPU-seconds instead of 1,004 (measured on this 2-core machine, 2026-11-23). The chapters that train
+several models use their own worker processes, one thread each, either way. The notebooks are started longest first,
+by the seconds in ``tools/execute_times.json`` (measured; a notebook not listed counts by the size of its file), so
+that the two slots end together.
 A notebook that fails stops the build: its traceback is printed and the exit status is 1.
 
 The cache is jupyter-cache's (``_build/.jupyter_cache``, where Jupyter Book looks); myst-nb matches a notebook to
@@ -17,6 +24,7 @@ its cached copy by the hash of its code cells and kernel, so an edited notebook 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -63,10 +71,21 @@ def execute(path: str, timeout: int) -> tuple[str, float, str | None, str | None
     return path, result.time, nbformat.writes(nb), None
 
 
+def expected_seconds(path: Path) -> float:
+    """How long ``path`` is expected to take, for the order of execution: its entry in ``tools/execute_times.json``
+    (seconds measured in a build), else its file size in bytes divided by 10,000 (a rough proxy)."""
+    times_file = ROOT / "tools" / "execute_times.json"
+    times = json.loads(times_file.read_text()) if times_file.exists() else {}
+    name = path.resolve().relative_to(ROOT).as_posix()
+    return float(times.get(name, path.stat().st_size / 10_000))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="notebooks at a time")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds a cell may take")
+    parser.add_argument("--record", action="store_true",
+                        help="write the measured seconds to tools/execute_times.json (the order of later builds)")
     parser.add_argument("only", nargs="*", type=Path, help="execute only these notebooks (default: the book's)")
     args = parser.parse_args(argv)
     import nbformat
@@ -74,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     from jupyter_cache.base import CacheBundleIn
 
     os.environ["ATTNBOOK_NO_PROGRESS"] = "1"
+    if args.jobs > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("MKL_NUM_THREADS", "1")
     shutil.rmtree(CACHE, ignore_errors=True)
     cache = get_cache(str(CACHE))
     notebooks = [p.resolve() for p in args.only] or book_notebooks()
-    # Longest first (by size of the stored notebook, a rough proxy), so that the pool ends evenly.
-    notebooks.sort(key=lambda p: -p.stat().st_size)
-    start, failed = time.perf_counter(), []
+    notebooks.sort(key=expected_seconds, reverse=True)
+    start, failed, measured = time.perf_counter(), [], {}
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(execute, str(p), args.timeout) for p in notebooks]
         for future in as_completed(futures):
@@ -92,9 +113,15 @@ def main(argv: list[str] | None = None) -> int:
             nb = nbformat.reads(executed, as_version=4)
             cache.cache_notebook_bundle(CacheBundleIn(nb, path, data={"execution_seconds": seconds}),
                                         check_validity=False, overwrite=True)
+            measured[name.as_posix()] = round(seconds, 1)
             print(f"{name}: {seconds:.1f} s", flush=True)
     print(f"executed {len(notebooks) - len(failed)} of {len(notebooks)} notebooks in "
           f"{time.perf_counter() - start:.1f} s with {args.jobs} at a time", flush=True)
+    if args.record and not failed:
+        times_file = ROOT / "tools" / "execute_times.json"
+        times = json.loads(times_file.read_text()) if times_file.exists() else {}
+        times.update(measured)
+        times_file.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
     return 1 if failed else 0
 
 
