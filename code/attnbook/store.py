@@ -65,8 +65,8 @@ from typing import Any
 
 import pandas as pd
 
-from .provenance import atomic_write_text, fsync_dir, git_commit
-from .runtime import progress, run_tasks
+from .provenance import atomic_write_text, fsync_dir, git_commit, provenance
+from .runtime import get_mode, progress, run_tasks
 
 __all__ = ["StoreError", "StoreLocked", "Layout", "ResultsStore", "Session", "check_out", "sidecar_path",
            "lock_path", "merge", "device_kind", "collect_runs", "positive_int", "device_arg", "csv_path", "main"]
@@ -683,6 +683,88 @@ class Session:
                   "command resumes", file=sys.stderr, flush=True)
             raise SystemExit(128 + int(self.signum or signal.SIGINT)) from None
         return False
+
+
+# ------------------------------------------------------------------------------------------------- grid sessions
+def run_grid_in_session(run_grid: Callable[..., pd.DataFrame], open_store: Callable[..., ResultsStore], cfg: Any,
+                        data: Any, *, out: str | Path, device: Any, workers: int, only: list[str] | None,
+                        show_progress: bool, on_run: Callable[[pd.DataFrame], object] | None) -> pd.DataFrame:
+    """What an experiment's ``run_grid`` does when given a path as ``out`` (chapters 5, 8 and 9): open the store
+    ``open_store(out, cfg, device)`` under its lock, record one session from Python (:class:`Session` with
+    ``cli=False``: an interruption is recorded and the ``KeyboardInterrupt`` goes on), and call ``run_grid`` again
+    with the open store.
+
+    Returns:
+        What ``run_grid`` returns.
+
+    Raises:
+        StoreError: ``out`` cannot be resumed (see :class:`ResultsStore`).
+    """
+    def describe(wall: float) -> dict:
+        return provenance(wall_time_s=wall, device=device, workers=workers, only=only)
+
+    with open_store(out, cfg, device) as store, Session(store, describe, cli=False, workers=workers, only=only):
+        return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
+                        only=only, on_run=on_run)
+
+
+def grid_parser(prog: str, description: str, default_out: str, only_help: str) -> argparse.ArgumentParser:
+    """The arguments that the grid experiments' command lines share (chapters 5, 8 and 9): ``--mode``, ``--seeds``,
+    ``--only``, ``--workers``, ``--threads``, ``--device``, ``--out`` (default ``default_out``) and
+    ``--no-progress``; an experiment adds its own."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help="number of seeds (0..N-1); default: the mode's")
+    parser.add_argument("--only", default=None, help=only_help)
+    parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
+    parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--out", type=csv_path, default=Path(default_out))
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def run_grid_cli(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: Any, *,
+                 run_grid: Callable[..., pd.DataFrame], open_store: Callable[..., ResultsStore],
+                 only: list[str] | None, device: Any,
+                 extra: Callable[[pd.DataFrame], Mapping] | None = None) -> pd.DataFrame:
+    """The second half of a grid experiment's command line (chapters 5, 8 and 9), once its arguments are checked:
+    open the store ``args.out`` (one that cannot be resumed is a usage error, before any data are loaded), run
+    ``run_grid`` in one command-line :class:`Session` (SIGTERM and Ctrl-C are recorded as an interruption and exit
+    with 143 or 130), and print where the runs are.
+
+    The session's record is rewritten after every finished run, so that a run killed without notice (SIGKILL, a
+    machine that goes away) still leaves a record of its session: status ``"running"``, with the wall time up to its
+    last finished run (the next session marks it ``"killed"``). The record's entries:
+    :func:`attnbook.provenance.provenance` with the mode, workers, ``only``, CPU count and number of runs, and
+    ``extra(frame)`` of every run so far.
+
+    Returns:
+        Every run in the store, as ``run_grid`` returns them.
+    """
+    try:
+        store = open_store(args.out, cfg, device)
+    except StoreError as err:
+        parser.error(str(err))
+    latest = {"frame": store.frame()}
+
+    def describe(wall: float) -> dict:
+        frame = latest["frame"]
+        return provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(), workers=args.workers,
+                          only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
+                          **(dict(extra(frame)) if extra is not None else {}))
+
+    def checkpoint(frame: pd.DataFrame) -> None:
+        latest["frame"] = frame
+        session.checkpoint()
+
+    with store, Session(store, describe, workers=args.workers, only=only) as session:
+        latest["frame"] = run_grid(cfg, workers=args.workers, out=store, device=device,
+                                   show_progress=not args.no_progress, only=only, on_run=checkpoint)
+    frame = latest["frame"]
+    print(f"{len(frame)} runs in {args.out}; provenance in {store.sidecar}")
+    return frame
 
 
 # ------------------------------------------------------------------------------------------------- merge

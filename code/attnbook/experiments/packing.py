@@ -39,8 +39,6 @@ From the command line (resumable, as chapter 8's; see :mod:`attnbook.experiments
 
 from __future__ import annotations
 
-import argparse
-import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -49,10 +47,8 @@ import pandas as pd
 import torch
 
 from ..batching import BucketBatchSampler, RandomBatchSampler, pack_collate, pack_documents
-from ..provenance import provenance
-from ..runtime import describe_device, get_device, get_mode, seed_everything
-from ..store import (Layout, ResultsStore, Session, StoreError, collect_runs, csv_path, device_arg,
-                     positive_int)
+from ..runtime import describe_device, get_device, seed_everything
+from ..store import Layout, ResultsStore, collect_runs, grid_parser, run_grid_cli, run_grid_in_session
 from ..transformer import TransformerClassifier
 from .masking import _batch, _writable
 from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
@@ -256,12 +252,8 @@ def run_grid(cfg: PackingConfig, data: dict | None = None, *, workers: int = 1,
     """
     device = torch.device(device) if device is not None else get_device()
     if out is not None and not isinstance(out, ResultsStore):
-        def describe(wall: float) -> dict:
-            return provenance(wall_time_s=wall, device=device, workers=workers, only=only)
-
-        with open_store(out, cfg, device) as store, Session(store, describe, cli=False, workers=workers, only=only):
-            return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
-                            only=only, on_run=on_run)
+        return run_grid_in_session(run_grid, open_store, cfg, data, out=out, device=device, workers=workers,
+                                   only=only, show_progress=show_progress, on_run=on_run)
     store = out
     grid = [c for c in conditions() if only is None or condition_id(c) in only]
     tasks = [(c, s) for s in cfg.seeds for c in grid if store is None or not store.has({**c, "seed": s})]
@@ -295,16 +287,8 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     """The command line (see the module docstring); writes ``--out`` and its provenance ``<name>.json``. The
     arguments and the store are checked before any data are loaded."""
-    parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.packing",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
-    parser.add_argument("--seeds", type=positive_int, default=None, help="number of seeds (0..N-1)")
-    parser.add_argument("--only", default=None, help=f"comma-separated conditions of {list(CONDITIONS)}")
-    parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
-    parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--out", type=csv_path, default=Path("results/packing_full.csv"))
-    parser.add_argument("--no-progress", action="store_true")
+    parser = grid_parser("python -m attnbook.experiments.packing", __doc__.split("\n")[0], "results/packing_full.csv",
+                         f"comma-separated conditions of {list(CONDITIONS)}")
     args = parser.parse_args(argv)
     cfg = PackingConfig.for_mode(args.mode)
     changes = {} if args.threads is None else {"threads": args.threads}
@@ -317,27 +301,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         parser.error(f"--only names conditions that are not in the grid: {sorted(unknown)}; the grid is "
                      f"{list(CONDITIONS)}")
     device = torch.device(args.device) if args.device else get_device()
-    try:
-        store = open_store(args.out, cfg, device)
-    except StoreError as err:
-        parser.error(str(err))
-    latest = {"frame": store.frame()}
-
-    def describe(wall: float) -> dict:
-        frame = latest["frame"]
-        return provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(), workers=args.workers,
-                          only=only, cpu_count=os.cpu_count(), n_runs=len(frame))
-
-    def checkpoint(frame: pd.DataFrame) -> None:
-        latest["frame"] = frame
-        session.checkpoint()
-
-    with store, Session(store, describe, workers=args.workers, only=only) as session:
-        latest["frame"] = run_grid(cfg, workers=args.workers, out=store, device=device,
-                                   show_progress=not args.no_progress, only=only, on_run=checkpoint)
-    frame = latest["frame"]
-    print(f"{len(frame)} runs in {args.out}; provenance in {store.sidecar}")
-    return frame
+    return run_grid_cli(parser, args, cfg, run_grid=run_grid, open_store=open_store, only=only, device=device)
 
 
 if __name__ == "__main__":  # pragma: no cover

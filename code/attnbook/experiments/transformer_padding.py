@@ -45,8 +45,6 @@ stored ones with ``python -m attnbook.store merge OTHER.csv results/transformer_
 
 from __future__ import annotations
 
-import argparse
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -59,10 +57,8 @@ import torch.nn.functional as F
 
 from ..batching import RandomBatchSampler
 from ..models import padding_mask
-from ..provenance import provenance
-from ..runtime import ModeConfig, describe_device, get_device, get_mode, seed_everything
-from ..store import (Layout, ResultsStore, Session, StoreError, collect_runs, csv_path, device_arg,
-                     positive_int)
+from ..runtime import ModeConfig, describe_device, get_device, seed_everything
+from ..store import Layout, ResultsStore, collect_runs, grid_parser, run_grid_cli, run_grid_in_session
 from ..transformer import TransformerClassifier, pad_attention_mass
 from . import masking as _masking
 from .masking import _batch, _exact_length_batches, _writable
@@ -406,12 +402,8 @@ def run_grid(cfg: TransformerPaddingConfig, data: dict | None = None, *, workers
     """
     device = torch.device(device) if device is not None else get_device()
     if out is not None and not isinstance(out, ResultsStore):
-        def describe(wall: float) -> dict:
-            return provenance(wall_time_s=wall, device=device, workers=workers, only=only)
-
-        with open_store(out, cfg, device) as store, Session(store, describe, cli=False, workers=workers, only=only):
-            return run_grid(cfg, data, workers=workers, out=store, device=device, show_progress=show_progress,
-                            only=only, on_run=on_run)
+        return run_grid_in_session(run_grid, open_store, cfg, data, out=out, device=device, workers=workers,
+                                   only=only, show_progress=show_progress, on_run=on_run)
     store = out
     grid = [c for c in conditions() if only is None or condition_id(c) in only]
     tasks = [(c, s) for s in cfg.seeds for c in grid if store is None or not store.has({**c, "seed": s})]
@@ -462,19 +454,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
 
     The arguments and the store are checked before any data are loaded. An interrupted run (Ctrl-C, SIGTERM)
     records its session as interrupted and exits with 130 or 143."""
-    parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.transformer_padding",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
-    parser.add_argument("--seeds", type=positive_int, default=None,
-                        help="number of seeds (0..N-1); default: the mode's")
+    parser = grid_parser("python -m attnbook.experiments.transformer_padding", __doc__.split("\n")[0],
+                         "results/transformer_padding_full.csv",
+                         "comma-separated condition ids to run, e.g. masked/post/index/mean,none/post/index/mean")
     parser.add_argument("--source", choices=("imdb", "rotten_tomatoes"), default=None)
-    parser.add_argument("--only", default=None,
-                        help="comma-separated condition ids to run, e.g. masked/post/index/mean,none/post/index/mean")
-    parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
-    parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--out", type=csv_path, default=Path("results/transformer_padding_full.csv"))
-    parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     cfg = TransformerPaddingConfig.for_mode(args.mode)
     changes = {k: v for k, v in dict(source=args.source, threads=args.threads).items() if v is not None}
@@ -487,29 +470,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         parser.error(f"--only names conditions that are not in the grid: {sorted(unknown)}; the grid is "
                      f"{[condition_id(c) for c in conditions()]}")
     device = torch.device(args.device) if args.device else get_device()
-    out = args.out
-    try:
-        store = open_store(out, cfg, device)
-    except StoreError as err:
-        parser.error(str(err))
-    latest = {"frame": store.frame()}
-
-    def describe(wall: float) -> dict:
-        frame = latest["frame"]
-        return provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(), workers=args.workers,
-                          only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
-                          n_seeds_complete=_complete_seeds(frame, only))
-
-    def checkpoint(frame: pd.DataFrame) -> None:
-        latest["frame"] = frame
-        session.checkpoint()
-
-    with store, Session(store, describe, workers=args.workers, only=only) as session:
-        latest["frame"] = run_grid(cfg, workers=args.workers, out=store, device=device,
-                                   show_progress=not args.no_progress, only=only, on_run=checkpoint)
-    frame = latest["frame"]
-    print(f"{len(frame)} runs in {out}; provenance in {store.sidecar}")
-    return frame
+    return run_grid_cli(parser, args, cfg, run_grid=run_grid, open_store=open_store, only=only, device=device,
+                        extra=lambda frame: {"n_seeds_complete": _complete_seeds(frame, only)})
 
 
 if __name__ == "__main__":  # pragma: no cover
