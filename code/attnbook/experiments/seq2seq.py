@@ -625,16 +625,24 @@ def run_experiment(cfg: Seq2SeqConfig, data: TranslationData | None = None, devi
     bar = progress(total=len(runs), desc="models", disable=not show_progress or per_model_bars)
     tasks = [(kind, seed, data, cfg, device, kind in beam_models and (beam_seeds is None or seed in beam_seeds),
               per_model_bars, seed == first) for kind, seed in runs]
+    return Seq2SeqResults(*gather_runs(_train_and_evaluate, tasks, runs, first, workers, bar), data, cfg)
+
+
+def gather_runs(task, tasks: list[tuple], runs: list[tuple[str, int]], first: int, workers: int,
+                bar) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict, dict]:
+    """Run ``task(*args)`` for each of ``tasks`` (one per ``(kind, seed)`` of ``runs``, in that order) on ``workers``
+    processes, ticking ``bar``; each returns ``(row, by_length, history, model, decoded)``. Returns the summary
+    (one row per run), the per-length rows, the histories, and the models and decoded outputs of seed ``first`` keyed
+    by kind: the fields of :class:`Seq2SeqResults` and of chapter 8's ``TranslationResults``."""
     outputs = []
-    for output in run_tasks(_train_and_evaluate, tasks, workers):
+    for output in run_tasks(task, tasks, workers):
         outputs.append(output)
         bar.update(1)
     bar.close()
     rows, by_length, histories, models, decoded = zip(*outputs)
     kept = [(kind, m, d) for (kind, seed), m, d in zip(runs, models, decoded) if seed == first]
-    return Seq2SeqResults(pd.DataFrame(list(rows)), pd.concat(by_length, ignore_index=True),
-                          pd.concat(histories, ignore_index=True), {k: m for k, m, _ in kept},
-                          {k: d for k, _, d in kept}, data, cfg)
+    return (pd.DataFrame(list(rows)), pd.concat(by_length, ignore_index=True),
+            pd.concat(histories, ignore_index=True), {k: m for k, m, _ in kept}, {k: d for k, _, d in kept})
 
 
 #: The results store of the command line (:mod:`attnbook.store`): a run is one model kind with one seed; its

@@ -57,8 +57,8 @@ from ..seq2seq import Decoded, Seq2Seq, make_seq2seq
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 from ..text import PAD_ID, detokenize
 from ..transformer import Transformer
-from .seq2seq import (Seq2SeqConfig, _mean_loss, corpus_bleu, held_out_sources, length_bucket, make_batches,
-                      token_accuracy, translate)
+from .seq2seq import (Seq2SeqConfig, _mean_loss, corpus_bleu, gather_runs, held_out_sources, length_bucket,
+                      make_batches, token_accuracy, translate)
 from .seq2seq import train_model as seq2seq_train_model
 
 __all__ = ["MODELS", "VERDICTS", "TranslationConfig", "TranslationResults", "StoredRuns", "build_model",
@@ -454,17 +454,8 @@ def run_experiment(cfg: TranslationConfig, data: TranslationData | None = None,
     runs = [(kind, seed) for seed in cfg.seeds for kind in cfg.models]
     first = cfg.seeds[0]
     bar = progress(total=len(runs), desc="runs", disable=not show_progress)
-    outputs = []
     tasks = [(kind, seed, data, cfg, device, False, seed == first) for kind, seed in runs]
-    for output in run_tasks(_train_and_evaluate, tasks, workers):
-        outputs.append(output)
-        bar.update(1)
-    bar.close()
-    rows, by_length, histories, models, decoded = zip(*outputs)
-    kept = [(kind, m, d) for (kind, seed), m, d in zip(runs, models, decoded) if seed == first]
-    return TranslationResults(pd.DataFrame(list(rows)), pd.concat(by_length, ignore_index=True),
-                              pd.concat(histories, ignore_index=True), {k: m for k, m, _ in kept},
-                              {k: d for k, _, d in kept}, data, cfg)
+    return TranslationResults(*gather_runs(_train_and_evaluate, tasks, runs, first, workers, bar), data, cfg)
 
 
 #: The results store of the command line (:mod:`attnbook.store`): a run is one model with one seed, with its
