@@ -658,6 +658,49 @@ LAYOUT = Layout(
     not_configuration=("num_threads", "models", "seeds"))
 
 
+def store_translation_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg, *, layout: Layout,
+                           config: dict, device: torch.device, mode: str, overrides: dict, store_task,
+                           task_args, checkpointer) -> tuple[pd.DataFrame, int]:
+    """The store half of the translation command lines (chapter 4's and chapter 8's): open ``args.out`` with
+    ``layout`` and ``config`` (one that cannot be resumed is a usage error), then, in one command-line
+    :class:`~attnbook.store.Session`, train every (kind of ``cfg.models``, seed of ``cfg.seeds``) run not yet stored
+    with ``store_task(*task_args(kind, seed, data))`` on ``args.workers`` processes. Each finished run is appended
+    with its side tables ``by_length`` and ``history``, its checkpoint resumes are recorded, the session is
+    checkpointed, and its training checkpoint (``checkpointer(kind, seed)``, with ``--checkpoint-dir``) removed.
+
+    Returns:
+        ``(every stored run, number trained now)``.
+    """
+    from ..provenance import provenance
+
+    try:
+        store = ResultsStore(args.out, layout, config).open()
+    except StoreError as err:
+        parser.error(str(err))
+    sizes = {"data_sizes": store.previous.get("data_sizes")}
+
+    def describe(wall: float) -> dict:
+        return provenance(wall, device=device, mode=mode, overrides=overrides, workers=args.workers, **sizes,
+                          note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
+                               "translations of a held-out English sentence as references")
+
+    extra = {"checkpoint_dir": str(args.checkpoint_dir)} if args.checkpoint_dir else {}
+    with store, Session(store, describe, workers=args.workers, **extra) as session:
+        todo = [(kind, seed) for seed in cfg.seeds for kind in cfg.models
+                if not store.has({"model": kind, "seed": seed})]
+        if todo:
+            data = cfg.data()
+            sizes["data_sizes"] = data.sizes()
+            tasks = [task_args(kind, seed, data) for kind, seed in todo]
+            for row, by_length, history, resumes in run_tasks(store_task, tasks, args.workers):
+                store.append(row, {"by_length": by_length, "history": history})
+                record_resumes(session, {"model": row["model"], "seed": row["seed"]}, resumes)
+                session.checkpoint()
+                if args.checkpoint_dir:   # the run is stored: its checkpoint is no longer needed
+                    checkpointer(row["model"], row["seed"]).remove()
+        return store.frame(), len(todo)
+
+
 def _checkpointer(directory: str | Path, kind: str, seed: int, cfg: Seq2SeqConfig,
                   every_s: float | None) -> Checkpointer:
     """The checkpoint of the run (``kind``, ``seed``) in ``directory``: its configuration is the store's, less
@@ -683,8 +726,6 @@ def main(argv: list[str] | None = None) -> Path:
 
     Returns the path of ``--out``. An interrupted run (Ctrl-C, SIGTERM) records its session as interrupted and exits
     with 130 or 143."""
-    from ..provenance import provenance
-
     parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.seq2seq",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -717,36 +758,14 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = replace(cfg, **overrides)
     device = torch.device(args.device) if args.device else get_device()
     out, started = args.out, time.perf_counter()
-    try:
-        store = ResultsStore(out, LAYOUT, asdict(cfg)).open()
-    except StoreError as err:
-        parser.error(str(err))
-    sizes = {"data_sizes": store.previous.get("data_sizes")}
-
-    def describe(wall: float) -> dict:
-        return provenance(wall, device=device, mode=mode, overrides=overrides, workers=args.workers, **sizes,
-                          note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
-                               "translations of a held-out English sentence as references")
-
-    extra = {"checkpoint_dir": str(args.checkpoint_dir)} if args.checkpoint_dir else {}
-    with store, Session(store, describe, workers=args.workers, **extra) as session:
-        todo = [(kind, seed) for seed in cfg.seeds for kind in cfg.models
-                if not store.has({"model": kind, "seed": seed})]
-        if todo:
-            data = cfg.data()
-            sizes["data_sizes"] = data.sizes()
-            per_model_bars = args.workers == 1
-            tasks = [(kind, seed, data, cfg, device, per_model_bars, args.checkpoint_dir, every_s)
-                     for kind, seed in todo]
-            for row, per_length, history, resumes in run_tasks(_store_task, tasks, args.workers):
-                store.append(row, {"by_length": per_length, "history": history})
-                record_resumes(session, {"model": row["model"], "seed": row["seed"]}, resumes)
-                session.checkpoint()
-                if args.checkpoint_dir:   # the run is stored: its checkpoint is no longer needed
-                    _checkpointer(args.checkpoint_dir, row["model"], row["seed"], cfg, None).remove()
-        summary = store.frame()
+    summary, n_trained = store_translation_runs(
+        parser, args, cfg, layout=LAYOUT, config=asdict(cfg), device=device, mode=mode, overrides=overrides,
+        store_task=_store_task,
+        task_args=lambda kind, seed, data: (kind, seed, data, cfg, device, args.workers == 1, args.checkpoint_dir,
+                                            every_s),
+        checkpointer=lambda kind, seed: _checkpointer(args.checkpoint_dir, kind, seed, cfg, None))
     print(summary.to_string(index=False))
-    print(f"{len(summary)} runs in {out} and its companions ({len(todo)} trained now, "
+    print(f"{len(summary)} runs in {out} and its companions ({n_trained} trained now, "
           f"{time.perf_counter() - started:.0f} s)")
     return out
 

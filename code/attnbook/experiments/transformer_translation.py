@@ -50,15 +50,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
+from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
-from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
 from ..seq2seq import Decoded, Seq2Seq, make_seq2seq
-from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
+from ..store import Layout, csv_path, device_arg, positive_int
 from ..text import PAD_ID, detokenize
 from ..transformer import Transformer
 from .seq2seq import (Seq2SeqConfig, _mean_loss, corpus_bleu, gather_runs, held_out_sources, length_bucket,
-                      make_batches, token_accuracy, translate)
+                      make_batches, store_translation_runs, token_accuracy, translate)
 from .seq2seq import train_model as seq2seq_train_model
 
 __all__ = ["MODELS", "VERDICTS", "TranslationConfig", "TranslationResults", "StoredRuns", "build_model",
@@ -612,8 +612,6 @@ def main(argv: list[str] | None = None) -> Path:
     """The command line (see the module docstring): train and evaluate every run (model, seed) not yet in ``--out``
     and store each as it finishes, with provenance. Returns the path of ``--out``. An interrupted run (Ctrl-C,
     SIGTERM) records its session as interrupted and exits with 130 or 143."""
-    from ..provenance import provenance
-
     parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.transformer_translation",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
@@ -644,34 +642,13 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = replace(cfg, **overrides)
     device = torch.device(args.device) if args.device else get_device()
     started = time.perf_counter()
-    try:
-        store = ResultsStore(args.out, LAYOUT, store_config(cfg)).open()
-    except StoreError as err:
-        parser.error(str(err))
-    sizes = {"data_sizes": store.previous.get("data_sizes")}
-
-    def describe(wall: float) -> dict:
-        return provenance(wall, device=device, mode=mode, overrides=overrides, workers=args.workers, **sizes,
-                          note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
-                               "translations of a held-out English sentence as references")
-
-    extra = {"checkpoint_dir": str(args.checkpoint_dir)} if args.checkpoint_dir else {}
-    with store, Session(store, describe, workers=args.workers, **extra) as session:
-        todo = [(kind, seed) for seed in cfg.seeds for kind in cfg.models
-                if not store.has({"model": kind, "seed": seed})]
-        if todo:
-            data = cfg.data()
-            sizes["data_sizes"] = data.sizes()
-            tasks = [(kind, seed, data, cfg, device, args.checkpoint_dir, every_s) for kind, seed in todo]
-            for row, by_length, history, resumes in run_tasks(_store_task, tasks, args.workers):
-                store.append(row, {"by_length": by_length, "history": history})
-                record_resumes(session, {"model": row["model"], "seed": row["seed"]}, resumes)
-                session.checkpoint()
-                if args.checkpoint_dir:   # the run is stored: its checkpoint is no longer needed
-                    _checkpointer(args.checkpoint_dir, row["model"], row["seed"], cfg, None).remove()
-        summary = store.frame()
+    summary, n_trained = store_translation_runs(
+        parser, args, cfg, layout=LAYOUT, config=store_config(cfg), device=device, mode=mode, overrides=overrides,
+        store_task=_store_task,
+        task_args=lambda kind, seed, data: (kind, seed, data, cfg, device, args.checkpoint_dir, every_s),
+        checkpointer=lambda kind, seed: _checkpointer(args.checkpoint_dir, kind, seed, cfg, None))
     print(summary.to_string(index=False))
-    print(f"{len(summary)} runs in {args.out} ({len(todo)} trained now, {time.perf_counter() - started:.0f} s)")
+    print(f"{len(summary)} runs in {args.out} ({n_trained} trained now, {time.perf_counter() - started:.0f} s)")
     return args.out
 
 
