@@ -71,11 +71,17 @@ def execute(path: str, timeout: int) -> tuple[str, float, str | None, str | None
     return path, result.time, nbformat.writes(nb), None
 
 
-def expected_seconds(path: Path) -> float:
-    """How long ``path`` is expected to take, for the order of execution: its entry in ``tools/execute_times.json``
-    (seconds measured in a build), else its file size in bytes divided by 10,000 (a rough proxy)."""
-    times_file = ROOT / "tools" / "execute_times.json"
-    times = json.loads(times_file.read_text()) if times_file.exists() else {}
+TIMES = ROOT / "tools" / "execute_times.json"
+
+
+def read_times() -> dict[str, float]:
+    """The seconds each notebook took in a measured build (``tools/execute_times.json``; empty if there is none)."""
+    return json.loads(TIMES.read_text()) if TIMES.exists() else {}
+
+
+def expected_seconds(path: Path, times: dict[str, float]) -> float:
+    """How long ``path`` is expected to take, for the order of execution: its entry in ``times`` (seconds measured
+    in a build, :func:`read_times`), else its file size in bytes divided by 10,000 (a rough proxy)."""
     name = path.resolve().relative_to(ROOT).as_posix()
     return float(times.get(name, path.stat().st_size / 10_000))
 
@@ -99,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(CACHE, ignore_errors=True)
     cache = get_cache(str(CACHE))
     notebooks = [p.resolve() for p in args.only] or book_notebooks()
-    notebooks.sort(key=expected_seconds, reverse=True)
+    times = read_times()
+    notebooks.sort(key=lambda path: expected_seconds(path, times), reverse=True)
     start, failed, measured = time.perf_counter(), [], {}
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(execute, str(p), args.timeout) for p in notebooks]
@@ -118,10 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"executed {len(notebooks) - len(failed)} of {len(notebooks)} notebooks in "
           f"{time.perf_counter() - start:.1f} s with {args.jobs} at a time", flush=True)
     if args.record and not failed:
-        times_file = ROOT / "tools" / "execute_times.json"
-        times = json.loads(times_file.read_text()) if times_file.exists() else {}
         times.update(measured)
-        times_file.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+        TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
     return 1 if failed else 0
 
 

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
+from ..provenance import provenance
 from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
@@ -671,8 +672,6 @@ def store_translation_runs(parser: argparse.ArgumentParser, args: argparse.Names
     Returns:
         ``(every stored run, number trained now)``.
     """
-    from ..provenance import provenance
-
     try:
         store = ResultsStore(args.out, layout, config).open()
     except StoreError as err:
