@@ -28,8 +28,10 @@ stored. ``tools/gpu_job.sh seq2seq`` runs the stored comparison this way on a GP
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -40,16 +42,17 @@ import torch.nn.functional as F
 
 from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
-from ..provenance import provenance
+from ..provenance import provenance, read_stored
 from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
-from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
+from ..store import (Layout, ResultsStore, Session, StoreError, config_differences, csv_path, device_arg,
+                     positive_int)
 from ..text import PAD_ID, detokenize, pad_batch
 
 __all__ = [
     "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
     "token_accuracy", "length_bucket", "evaluate_model", "attention_spread", "attention_collapse", "run_experiment",
-    "main", "LAYOUT", "LR_SCHEDULES",
+    "main", "LAYOUT", "LR_SCHEDULES", "StoredRuns", "read_runs", "stored_status",
 ]
 
 
@@ -657,6 +660,46 @@ LAYOUT = Layout(
     tables={"by_length": ("length", "sentences", "bleu_greedy", "token_acc", "model", "seed"),
             "history": ("epoch", "train_loss", "valid_loss", "seconds", "model", "seed")},
     not_configuration=("num_threads", "models", "seeds"))
+
+
+# ------------------------------------------------------------------------------------------------- stored runs
+@dataclass
+class StoredRuns:
+    """A translation results store as read back (chapter 4's, :data:`LAYOUT`, and chapter 8's): ``runs`` (the main
+    table, one row per run), ``by_length``, ``history`` (may be empty) and the provenance record ``provenance``
+    (with its ``config``)."""
+
+    runs: pd.DataFrame
+    by_length: pd.DataFrame
+    history: pd.DataFrame
+    provenance: dict
+
+    def usable_for(self, config: Mapping, layout: Layout | None = None) -> str:
+        """``"used"`` if these runs were made with ``config`` (:func:`attnbook.store.config_differences`, ignoring
+        ``layout.not_configuration``: the entries that only choose runs or threads; default :data:`LAYOUT`), else
+        ``"differs in [...]"`` naming the entries that differ."""
+        layout = LAYOUT if layout is None else layout
+        differs = config_differences(self.provenance.get("config", {}), config, layout.not_configuration)
+        return f"differs in {differs}" if differs else "used"
+
+
+def read_runs(name: str, start: str | Path | None = None) -> StoredRuns | None:
+    """The stored runs ``results/<name>.csv`` with ``<name>_by_length.csv``, ``<name>_history.csv`` and
+    ``<name>.json``, found as :func:`attnbook.provenance.read_stored` finds them (from ``start`` upwards; on Colab
+    from the book's repository), or ``None`` when the summary, the by-length table or the provenance is missing.
+    Chapter 4, section "Seeds and uncertainty", reads its stored runs with it."""
+    texts = {end: read_stored(name + end, start) for end in (".csv", "_by_length.csv", "_history.csv", ".json")}
+    if any(texts[end] is None for end in (".csv", "_by_length.csv", ".json")):
+        return None
+    frames = [pd.read_csv(io.StringIO(texts[end])) if texts[end] is not None else pd.DataFrame()
+              for end in (".csv", "_by_length.csv", "_history.csv")]
+    return StoredRuns(*frames, json.loads(texts[".json"]))
+
+
+def stored_status(stored: StoredRuns | None, config: Mapping, layout: Layout | None = None) -> str:
+    """Whether ``stored`` can stand for runs of ``config``: ``"missing"`` (None), else
+    :meth:`StoredRuns.usable_for`."""
+    return "missing" if stored is None else stored.usable_for(config, layout)
 
 
 def store_translation_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg, *, layout: Layout,

@@ -57,8 +57,9 @@ from ..seq2seq import Decoded, Seq2Seq, make_seq2seq
 from ..store import Layout, csv_path, device_arg, positive_int
 from ..text import PAD_ID, detokenize
 from ..transformer import Transformer
-from .seq2seq import (Seq2SeqConfig, _mean_loss, corpus_bleu, gather_runs, held_out_sources, length_bucket,
-                      make_batches, store_translation_runs, token_accuracy, translate)
+from .seq2seq import (Seq2SeqConfig, StoredRuns, _mean_loss, corpus_bleu, gather_runs, held_out_sources,
+                      length_bucket, make_batches, read_runs, stored_status, store_translation_runs,
+                      token_accuracy, translate)
 from .seq2seq import train_model as seq2seq_train_model
 
 __all__ = ["MODELS", "VERDICTS", "TranslationConfig", "TranslationResults", "StoredRuns", "build_model",
@@ -494,34 +495,6 @@ def store_config(cfg: TranslationConfig) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- stored runs
-@dataclass
-class StoredRuns:
-    """A results store as read back: ``runs`` (the main table), ``by_length``, ``history`` (may be empty) and the
-    provenance record ``provenance`` (with its ``config``)."""
-
-    runs: pd.DataFrame
-    by_length: pd.DataFrame
-    history: pd.DataFrame
-    provenance: dict
-
-
-def read_runs(name: str, start: str | Path | None = None) -> StoredRuns | None:
-    """The stored runs ``results/<name>.csv`` with ``<name>_by_length.csv``, ``<name>_history.csv`` and
-    ``<name>.json``, found as :func:`attnbook.provenance.read_stored` finds them (from ``start`` upwards; on Colab
-    from the book's repository), or ``None`` when the summary, the by-length table or the provenance is missing."""
-    import io
-    import json
-
-    from ..provenance import read_stored
-
-    texts = {end: read_stored(name + end, start) for end in (".csv", "_by_length.csv", "_history.csv", ".json")}
-    if any(texts[end] is None for end in (".csv", "_by_length.csv", ".json")):
-        return None
-    frames = [pd.read_csv(io.StringIO(texts[end])) if texts[end] is not None else pd.DataFrame()
-              for end in (".csv", "_by_length.csv", "_history.csv")]
-    return StoredRuns(*frames, json.loads(texts[".json"]))
-
-
 def comparison_runs(cfg: TranslationConfig, stored: StoredRuns | None, chapter4: StoredRuns | None = None
                     ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
     """The stored runs of ``cfg``'s comparison, both models, from this experiment's store and chapter 4's.
@@ -539,7 +512,6 @@ def comparison_runs(cfg: TranslationConfig, stored: StoredRuns | None, chapter4:
         only); and why each store was used or not, keyed ``"stored"`` and ``"chapter4"`` (``"used"``,
         ``"missing"`` or ``"differs in [...]"``).
     """
-    from ..store import config_differences
     from .seq2seq import LAYOUT as ch4_layout
 
     columns = ["model", "seed", "bleu_greedy", "bleu_beam", "token_acc", "valid_loss", "train_s"]
@@ -547,14 +519,9 @@ def comparison_runs(cfg: TranslationConfig, stored: StoredRuns | None, chapter4:
     for key, store, config, layout, models in (
             ("stored", stored, store_config(cfg), LAYOUT, MODELS),
             ("chapter4", chapter4, asdict(cfg.baseline_config()), ch4_layout, ("bahdanau",))):
-        if store is None:
-            sources[key] = "missing"
+        sources[key] = stored_status(store, config, layout)
+        if sources[key] != "used":
             continue
-        differs = config_differences(store.provenance.get("config", {}), config, layout.not_configuration)
-        if differs:
-            sources[key] = f"differs in {differs}"
-            continue
-        sources[key] = "used"
         label = "this store" if key == "stored" else "chapter 4"
         runs = store.runs[store.runs["model"].isin(models)]
         parts.append(runs[columns].assign(source=label))
