@@ -6,7 +6,7 @@ import json
 import os
 import signal
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pandas as pd
 import pytest
@@ -145,3 +145,14 @@ def test_sigterm_ends_the_command_line_with_143(tmp_path, tiny, monkeypatch):
         ex.main(_argv(tmp_path / "s.csv"))
     assert exit_info.value.code == 143
     assert json.loads((tmp_path / "s.json").read_text())["sessions"][-1]["status"] == "interrupted"
+
+
+def test_stored_status_says_missing_used_or_which_entries_differ():
+    cfg = ex.Seq2SeqConfig.quick()
+    assert ex.stored_status(None, asdict(cfg)) == "missing"
+    made = {**asdict(cfg), "seeds": [0, 1, 2], "num_threads": 2}        # entries that only choose runs or threads
+    stored = ex.StoredRuns(pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {"config": made})
+    assert ex.stored_status(stored, asdict(cfg)) == "used"
+    assert ex.stored_status(stored, asdict(replace(cfg, hidden_size=96, lr=1e-3))) == \
+        "differs in ['hidden_size', 'lr']"
+    assert stored.usable_for(asdict(replace(cfg, epochs=3))) == "differs in ['epochs']"
