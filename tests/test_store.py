@@ -671,3 +671,23 @@ def test_collect_runs_appends_each_run_and_returns_stored_and_new_sorted(tmp_pat
     assert len(pd.read_csv(out)) == 3
     alone = store.collect_runs(row, [("x", 0)], 1, show_progress=False)
     assert list(alone["name"]) == ["x"]
+
+
+def _with_history(name, seed):
+    return row(name, seed), {"history": history(name, seed)}
+
+
+def test_collect_runs_stores_side_tables_with_their_runs_and_returns_them(tmp_path):
+    out = tmp_path / "r.csv"
+    with ResultsStore(out, LAYOUT, CONFIG) as s:
+        s.append(row("b"), {"history": history("b")})                # stored before the call
+        frame, tables = store.collect_runs(_with_history, [("c", 1), ("a", 2)], 2, store=s, keys=["name"],
+                                           show_progress=False, tables=["history"])
+    assert list(frame["name"]) == ["a", "b", "c"] and list(tables) == ["history"]
+    assert tables["history"][["name", "seed"]].values.tolist() == [["b", 0]] * 2 + [["c", 1]] * 2 + [["a", 2]] * 2
+    assert tables["history"].equals(pd.read_csv(tmp_path / "r_history.csv"))
+    frame, tables = store.collect_runs(_with_history, [("x", 0), ("y", 1)], 2, show_progress=False,
+                                       tables=["history"])
+    assert list(frame["name"]) == ["x", "y"] and tables["history"]["name"].tolist() == ["x", "x", "y", "y"]
+    frame, tables = store.collect_runs(_with_history, [], 0, show_progress=False, tables=["history"])
+    assert frame.empty and tables["history"].empty

@@ -560,34 +560,54 @@ def read_record(path: str | Path) -> dict:
 
 def collect_runs(task: Callable, arguments: Iterable[tuple], n_tasks: int, *, workers: int = 1,
                  store: "ResultsStore | None" = None, keys: Iterable[str] = (), show_progress: bool = True,
-                 on_run: Callable[[pd.DataFrame], object] | None = None) -> pd.DataFrame:
+                 on_run: Callable[[pd.DataFrame], object] | None = None, tables: Iterable[str] = ()
+                 ) -> pd.DataFrame | tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """Run ``task(*args)`` for each of the ``n_tasks`` tuples of ``arguments`` (on ``workers`` processes, through
     :func:`attnbook.runtime.run_tasks`, in the order they finish) and gather their rows: each finished row (a dict)
     is appended to ``store`` at once (whole and fsynced, :meth:`ResultsStore.append`), then ``on_run`` is called with
     every run so far. The experiments' ``run_grid`` functions (chapters 5, 8 and 9) share this loop.
 
+    ``tables`` names side tables of the store's layout that every run has rows in (chapter 9's sink experiment:
+    ``("groups",)``). Then ``task`` returns ``(row, {table: rows})`` (rows a DataFrame or a list of dicts, each with
+    the run's key), and the store gets the side-table rows with the row, before it (guarantee 1 of the module
+    docstring).
+
     Returns:
         Every run: the stored ones (``store.frame()`` as it was before this call), then this call's, sorted by
-        ``keys`` (stable) if given.
+        ``keys`` (stable) if given. With ``tables``, ``(runs, {table: frame})``: each side table of every run, read
+        back from ``store`` after the last run (file order), or without a store this call's rows in the order the
+        runs finished.
     """
+    tables = tuple(tables)
     done = store.frame() if store is not None else pd.DataFrame()
     rows: list[Mapping] = []
+    side: dict[str, list[pd.DataFrame]] = {name: [] for name in tables}
 
     def so_far() -> pd.DataFrame:  # every run: the stored ones, then this call's
         return pd.concat([done, pd.DataFrame(rows)], ignore_index=True) if len(done) else pd.DataFrame(rows)
 
     bar = progress(total=n_tasks, desc="runs", disable=not show_progress)
-    for row in run_tasks(task, arguments, workers, ordered=False):
+    for result in run_tasks(task, arguments, workers, ordered=False):
+        row, parts = result if tables else (result, {})
         if store is not None:
-            store.append(row)
+            store.append(row, parts or None)
         rows.append(row)
+        for name in tables:
+            side[name].append(pd.DataFrame(parts.get(name, [])))
         bar.update(1)
         if on_run is not None:
             on_run(so_far())
     bar.close()
     frame = so_far()
     keys = list(keys)
-    return frame.sort_values(keys, kind="stable").reset_index(drop=True) if len(frame) and keys else frame
+    if len(frame) and keys:
+        frame = frame.sort_values(keys, kind="stable").reset_index(drop=True)
+    if not tables:
+        return frame
+    if store is not None:
+        return frame, {name: store.frame(name) for name in tables}
+    return frame, {name: pd.concat([f for f in parts if len(f)], ignore_index=True) if any(map(len, parts))
+                   else pd.DataFrame() for name, parts in side.items()}
 
 
 # ------------------------------------------------------------------------------------------------- sessions
@@ -708,10 +728,11 @@ def run_grid_in_session(run_grid: Callable[..., pd.DataFrame], open_store: Calla
                         only=only, on_run=on_run)
 
 
-def grid_parser(prog: str, description: str, default_out: str, only_help: str) -> argparse.ArgumentParser:
+def grid_parser(prog: str, description: str, default_out: str, only_help: str, default_device: str | None = None
+                ) -> argparse.ArgumentParser:
     """The arguments that the grid experiments' command lines share (chapters 5, 8 and 9): ``--mode``, ``--seeds``,
-    ``--only``, ``--workers``, ``--threads``, ``--device``, ``--out`` (default ``default_out``) and
-    ``--no-progress``; an experiment adds its own."""
+    ``--only``, ``--workers``, ``--threads``, ``--device`` (default ``default_device``, or without one cuda if
+    available, else cpu), ``--out`` (default ``default_out``) and ``--no-progress``; an experiment adds its own."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--mode", choices=("quick", "full"), default=None, help="default: full on a GPU, else quick")
     parser.add_argument("--seeds", type=positive_int, default=None,
@@ -719,10 +740,42 @@ def grid_parser(prog: str, description: str, default_out: str, only_help: str) -
     parser.add_argument("--only", default=None, help=only_help)
     parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
-    parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--device", type=device_arg, default=default_device,
+                        help=f"default: {default_device or 'cuda if available, else cpu'}")
     parser.add_argument("--out", type=csv_path, default=Path(default_out))
     parser.add_argument("--no-progress", action="store_true")
     return parser
+
+
+def grid_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: Any, grid: Iterable[str],
+                   **changes: Any) -> tuple[Any, list[str] | None, Any]:
+    """The first half of a grid experiment's command line (chapters 8 and 9), once ``parser`` (:func:`grid_parser`)
+    has parsed ``args``: the mode's configuration ``cfg`` with ``--threads``, ``--seeds`` (seeds 0 .. N-1) and
+    ``changes`` applied, ``--only`` split at commas and checked against the condition names ``grid``, and the
+    device (``--device``, default cuda if available, else cpu).
+
+    Returns:
+        ``(cfg, only, device)``: ``only`` is None without ``--only``; ``device`` a ``torch.device``.
+
+    Raises:
+        SystemExit: ``--only`` names a condition that is not in ``grid`` (a usage error, exit status 2, naming it).
+    """
+    import dataclasses
+
+    import torch
+
+    from .runtime import get_device
+
+    changes = {k: v for k, v in {"threads": args.threads, **changes}.items() if v is not None}
+    if args.seeds is not None:
+        changes["seeds"] = tuple(range(args.seeds))
+    cfg = dataclasses.replace(cfg, **changes)
+    grid = list(grid)
+    only = args.only.split(",") if args.only else None
+    unknown = set(only or ()) - set(grid)
+    if unknown:
+        parser.error(f"--only names conditions that are not in the grid: {sorted(unknown)}; the grid is {grid}")
+    return cfg, only, torch.device(args.device) if args.device else get_device()
 
 
 def run_grid_cli(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg: Any, *,
@@ -762,9 +815,8 @@ def run_grid_cli(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg:
     with store, Session(store, describe, workers=args.workers, only=only) as session:
         latest["frame"] = run_grid(cfg, workers=args.workers, out=store, device=device,
                                    show_progress=not args.no_progress, only=only, on_run=checkpoint)
-    frame = latest["frame"]
-    print(f"{len(frame)} runs in {args.out}; provenance in {store.sidecar}")
-    return frame
+    print(f"{store.n_runs} runs in {args.out}; provenance in {store.sidecar}")
+    return latest["frame"]
 
 
 # ------------------------------------------------------------------------------------------------- merge

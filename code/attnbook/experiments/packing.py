@@ -39,7 +39,7 @@ From the command line (resumable, as chapter 8's; see :mod:`attnbook.experiments
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,8 @@ import torch
 
 from ..batching import BucketBatchSampler, RandomBatchSampler, pack_collate, pack_documents
 from ..runtime import describe_device, get_device, seed_everything
-from ..store import Layout, ResultsStore, collect_runs, grid_parser, run_grid_cli, run_grid_in_session
+from ..store import (Layout, ResultsStore, collect_runs, grid_arguments, grid_parser, run_grid_cli,
+                     run_grid_in_session)
 from ..transformer import TransformerClassifier
 from .masking import _batch, _writable
 from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
@@ -290,19 +291,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = grid_parser("python -m attnbook.experiments.packing", __doc__.split("\n")[0], "results/packing_full.csv",
                          f"comma-separated conditions of {list(CONDITIONS)}")
     args = parser.parse_args(argv)
-    cfg = PackingConfig.for_mode(args.mode)
-    changes = {} if args.threads is None else {"threads": args.threads}
-    if args.seeds is not None:
-        changes["seeds"] = tuple(range(args.seeds))
-    cfg = replace(cfg, **changes)
-    only = args.only.split(",") if args.only else None
-    unknown = set(only or ()) - set(CONDITIONS)
-    if unknown:
-        parser.error(f"--only names conditions that are not in the grid: {sorted(unknown)}; the grid is "
-                     f"{list(CONDITIONS)}")
-    device = torch.device(args.device) if args.device else get_device()
+    cfg, only, device = grid_arguments(parser, args, PackingConfig.for_mode(args.mode), CONDITIONS)
     return run_grid_cli(parser, args, cfg, run_grid=run_grid, open_store=open_store, only=only, device=device)
-
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -25,13 +25,32 @@ The conditions (:data:`CONDITIONS`), all else equal:
 
 :func:`run_grid` trains every (condition, seed) and returns a tidy frame: per run and per group of test rows
 (match or not, by the number of keys), the accuracy and where the weight went (real keys, pads, sink).
-:func:`summarize` pools the groups into match / no match per condition, over the seeds.
+:func:`summarize` pools the groups into match / no match per condition, over the seeds; :func:`per_run` gives one row
+per run, and :func:`compare_conditions` the paired comparisons of no-match accuracy over seeds.
+
+From the command line (resumable, as chapter 9's packing experiment; see :mod:`attnbook.experiments.packing`)::
+
+    python -m attnbook.experiments.sinks --mode quick --seeds 2 --out /tmp/sinks_quick.csv
+    python -m attnbook.experiments.sinks --mode full --workers 2 --out results/sinks_full.csv
+
+``--out`` is a results store (:mod:`attnbook.store`): the main table ``<name>.csv`` has one row per run (condition,
+seed, kind of device; :func:`per_run`'s columns), the side table ``<name>_groups.csv`` the run's tidy rows (those of
+:func:`run_one`, with ``device``), provenance in ``<name>.json``; Ctrl-C or SIGTERM end a session as interrupted.
+Chapter 9 reads the stored full-mode runs with :func:`read_runs` and draws its verdicts from them.
+
+Sources: softmax with one added is Miller (2023), "Attention is off by one"; attention sinks are Xiao et al. (2024),
+"Efficient streaming language models with attention sinks".
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -40,10 +59,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention
-from ..runtime import ModeConfig, progress, seed_everything
+from ..provenance import read_stored
+from ..runtime import ModeConfig, describe_device, seed_everything
 from ..sinks import SinkMultiHeadAttention
+from ..store import (Layout, ResultsStore, collect_runs, config_differences, device_kind, grid_arguments,
+                     grid_parser, run_grid_cli, run_grid_in_session)
+from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
+from .transformer_padding import Comparison
 
-__all__ = ["SinksConfig", "CONDITIONS", "make_data", "RetrievalModel", "run_one", "run_grid", "summarize"]
+__all__ = ["SinksConfig", "CONDITIONS", "RESULT_COLUMNS", "GROUP_COLUMNS", "LAYOUT", "COMPARISONS", "make_data",
+           "RetrievalModel", "run_one", "run_grid", "summarize", "per_run", "compare_conditions", "store_config",
+           "open_store", "StoredRuns", "read_runs", "main"]
 
 #: The attention weightings compared (see the module docstring).
 CONDITIONS = ("softmax", "softmax, pads unmasked", "softmax_one", "learned sink")
@@ -79,13 +105,14 @@ class SinksConfig(ModeConfig):
 
     @classmethod
     def quick(cls) -> "SinksConfig":
-        """4,000 training rows, 2,000 test rows, 8 epochs, 3 seeds: every condition and seed in seconds on one
-        CPU core."""
+        """The field defaults (4,000 training rows, 2,000 test rows, ``epochs`` passes, 3 seeds): every condition and
+        seed in seconds on one CPU core."""
         return cls()
 
     @classmethod
     def full(cls) -> "SinksConfig":
-        """20,000 training rows, 10,000 test rows, 20 epochs, 10 seeds."""
+        """The quick sizes with 20,000 training rows, 10,000 test rows, 20 epochs and 10 seeds (the paired seeds a
+        verdict needs, :data:`attnbook.experiments.masking_report.MIN_PAIRS`)."""
         return cls(n_train=20_000, n_test=10_000, epochs=20, seeds=tuple(range(10)))
 
 
@@ -159,11 +186,24 @@ class RetrievalModel(nn.Module):
                 None if sink is None else sink[:, :, 0])
 
 
-def run_one(cfg: SinksConfig, train: dict, test: dict, condition: str, seed: int) -> pd.DataFrame:
+@contextlib.contextmanager
+def _threads(n: int):
+    """Run the block on ``n`` torch threads, and restore the count after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_one(cfg: SinksConfig, train: dict, test: dict, condition: str, seed: int,
+            device: torch.device | str = "cpu") -> pd.DataFrame:
     """Train one :class:`RetrievalModel` under ``condition`` with ``seed`` and measure it on ``test``.
 
     Training: ``seed_everything(seed)`` before the model is built, Adam, cross-entropy, ``cfg.epochs`` passes over
-    ``train`` in a random order drawn from a generator seeded with ``seed``, on ``cfg.threads`` torch threads.
+    ``train`` in a random order drawn from a generator seeded with ``seed``, on ``cfg.threads`` torch threads, on
+    ``device`` (``train`` and ``test`` are :func:`make_data`'s dicts on the CPU; each batch is moved there).
 
     Returns:
         One row per group of test rows (``match`` True/False x ``n_keys`` 1 .. ``max_keys``), columns ``condition,
@@ -171,34 +211,32 @@ def run_one(cfg: SinksConfig, train: dict, test: dict, condition: str, seed: int
         ``padded`` is ``n_keys < max_keys``; the weights are means over the group's rows and the heads:
         ``key_mass`` on real keys, ``pad_mass`` on pads (0 under a mask), ``sink_weight`` on the sink (NaN without
         one), and per row they sum to 1; ``sink_logit`` is the sink logit after training, the mean over the heads
-        (0 for ``"softmax_one"``, NaN without a sink).
+        (0 for ``"softmax_one"``, NaN without a sink); ``train_time_s`` in seconds of wall time.
 
     Raises:
         ValueError: an unknown ``condition``.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    device = torch.device(device)
+    inputs = ("query", "keys", "values", "lengths")
+    with _threads(cfg.threads):
         seed_everything(seed)
-        model = RetrievalModel(cfg, condition)
+        model = RetrievalModel(cfg, condition).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)
         generator = torch.Generator().manual_seed(seed)
-        inputs = ("query", "keys", "values", "lengths")
         start = time.perf_counter()
         model.train()
         for _ in range(cfg.epochs):
             for index in torch.randperm(len(train["target"]), generator=generator).split(cfg.batch_size):
-                logits, _, _ = model(*(train[name][index] for name in inputs))
-                loss = F.cross_entropy(logits, train["target"][index])
+                logits, _, _ = model(*(train[name][index].to(device) for name in inputs))
+                loss = F.cross_entropy(logits, train["target"][index].to(device))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
         train_time = time.perf_counter() - start
         model.eval()
         with torch.no_grad():
-            logits, weights, sink = model(*(test[name] for name in inputs))
-    finally:
-        torch.set_num_threads(threads)
+            logits, weights, sink = (None if t is None else t.cpu()
+                                     for t in model(*(test[name].to(device) for name in inputs)))
     real = torch.arange(cfg.max_keys) < test["lengths"][:, None]
     frame = pd.DataFrame({
         "match": test["match"].numpy(), "n_keys": test["lengths"].numpy(),
@@ -220,27 +258,128 @@ def run_one(cfg: SinksConfig, train: dict, test: dict, condition: str, seed: int
     return table
 
 
-def run_grid(cfg: SinksConfig, conditions: tuple[str, ...] = CONDITIONS, show_progress: bool = True
-             ) -> pd.DataFrame:
-    """Every (condition, seed of ``cfg.seeds``) run on one training and one test set (:func:`make_data` with
-    ``cfg.data_seed`` and ``cfg.data_seed + 1``), as one tidy frame: the rows of :func:`run_one`, stacked.
+#: The columns of a run's row in the store's main table, after ``condition`` and ``seed`` (:func:`per_run`).
+RESULT_COLUMNS = tuple(f"{m}_{side}" for m in ("accuracy", "key_mass", "pad_mass", "sink_weight")
+                       for side in ("match", "no_match")) + ("sink_logit", "train_time_s")
+#: The columns of the side table ``groups``: :func:`run_one`'s tidy rows, with ``device``.
+GROUP_COLUMNS = ("condition", "seed", "match", "n_keys", "padded", "n", "accuracy", "key_mass", "pad_mass",
+                 "sink_weight", "sink_logit", "train_time_s", "device")
+_KEYS = ("condition", "seed")
+
+#: The results store of this experiment (:mod:`attnbook.store`): a run is a (condition, seed) on a kind of device;
+#: its tidy rows are in the side table ``groups``.
+LAYOUT = Layout("sinks", keys=_KEYS, columns=(*_KEYS, *RESULT_COLUMNS, "device"), tables={"groups": GROUP_COLUMNS},
+                not_configuration=("threads", "seeds"), kind_column="device")
+
+
+def _task(cfg: SinksConfig, train: dict, test: dict, condition: str, seed: int, device: str
+          ) -> tuple[dict, dict[str, pd.DataFrame]]:
+    """One run (in a joblib worker, or in this process): its main-table row and its ``groups`` rows."""
+    with _threads(cfg.threads):  # the device description names the threads of the run
+        groups = run_one(cfg, train, test, condition, seed, device)
+        groups["device"] = describe_device(device)
+    return per_run(groups).iloc[0].to_dict(), {"groups": groups}
+
+
+def store_config(cfg: SinksConfig) -> dict:
+    """The configuration recorded with the runs and checked on resume: every field of ``cfg``."""
+    return asdict(cfg)
+
+
+def open_store(out: str | Path, cfg: SinksConfig, device: torch.device | str | None = None) -> ResultsStore:
+    """Open the results store ``out`` (a ``.csv`` path) for ``cfg`` (:class:`attnbook.store.ResultsStore` with
+    :data:`LAYOUT`; ``device`` says which kind of runs :meth:`~attnbook.store.ResultsStore.has` asks about).
 
     Raises:
-        ValueError: an unknown condition.
+        attnbook.store.StoreError: see :class:`~attnbook.store.ResultsStore` (e.g. runs of another configuration:
+            the message names the entries that differ).
+        attnbook.store.StoreLocked: another process writes to ``out``.
     """
-    unknown = [c for c in conditions if c not in CONDITIONS]
+    return ResultsStore(out, LAYOUT, store_config(cfg), device=None if device is None else str(device)).open()
+
+
+def _in_order(frame: pd.DataFrame, conditions: tuple[str, ...], seeds: tuple[int, ...] | None = None
+              ) -> pd.DataFrame:
+    """The tidy rows seed by seed (in the order of ``seeds``, default ascending), each seed's runs in the order of
+    ``conditions``, each run's rows as they came."""
+    ranks = {"_c": frame["condition"].map({c: i for i, c in enumerate(conditions)}),
+             "_s": frame["seed"] if seeds is None else frame["seed"].map({s: i for i, s in enumerate(seeds)})}
+    return frame.assign(**ranks).sort_values(["_s", "_c"], kind="stable").drop(columns=list(ranks)) \
+        .reset_index(drop=True)
+
+
+def run_grid(cfg: SinksConfig, conditions: tuple[str, ...] = CONDITIONS, show_progress: bool = True, *,
+             workers: int = 1, out: str | Path | ResultsStore | None = None, device: torch.device | str | None = None,
+             only: list[str] | None = None, on_run=None) -> pd.DataFrame:
+    """Every (condition, seed of ``cfg.seeds``) run on one training and one test set (:func:`make_data` with
+    ``cfg.data_seed`` and ``cfg.data_seed + 1``), as one tidy frame: the rows of :func:`run_one`, stacked seed by
+    seed, each seed's runs in the order of ``conditions``.
+
+    Args:
+        cfg: the configuration (:meth:`SinksConfig.quick` or :meth:`SinksConfig.full`).
+        conditions: the conditions to run (names of :data:`CONDITIONS`).
+        show_progress: a progress bar over the runs.
+        workers: local processes (joblib); each run uses ``cfg.threads`` torch threads.
+        out: ``None`` (nothing stored), or a results store (a ``.csv`` path, opened with :func:`open_store` for one
+            recorded session, or an open :class:`~attnbook.store.ResultsStore`): runs already in it are skipped,
+            each finished run is appended at once, and the frame returned holds every stored run.
+        device: where the runs train (default: the CPU, as the chapter's live run; the models are tiny); its kind
+            is part of a run's identity in the store.
+        only: names of conditions; runs only those of ``conditions`` that it names (the command line's ``--only``).
+        on_run: called with the main table so far (:func:`per_run`'s rows) after every finished run.
+
+    Returns:
+        Columns ``condition, seed, match, n_keys, padded, n, accuracy, key_mass, pad_mass, sink_weight,
+        sink_logit, train_time_s`` (:func:`run_one`), and ``device`` when ``out`` is given.
+
+    Raises:
+        ValueError: an unknown condition in ``conditions`` or ``only``.
+        attnbook.store.StoreError: ``out`` cannot be resumed (another configuration, a locked store, ...).
+
+    Chapter 9, section "Attending to nowhere".
+    """
+    unknown = [c for c in (*conditions, *(only or ())) if c not in CONDITIONS]
     if unknown:
         raise ValueError(f"unknown conditions {unknown}; the conditions are {list(CONDITIONS)}")
+    device = torch.device(device if device is not None else "cpu")
+    if out is not None and not isinstance(out, ResultsStore):
+        def again(cfg, _data, **kwargs):
+            return run_grid(cfg, conditions, **kwargs)
+
+        return run_grid_in_session(again, open_store, cfg, None, out=out, device=device, workers=workers,
+                                   only=only, show_progress=show_progress, on_run=on_run)
+    store = out
+    grid = [c for c in conditions if only is None or c in only]
+    tasks = [(c, s) for s in cfg.seeds for c in grid if store is None or not store.has({"condition": c, "seed": s})]
     train, test = make_data(cfg, cfg.n_train, cfg.data_seed), make_data(cfg, cfg.n_test, cfg.data_seed + 1)
-    tasks = [(c, s) for s in cfg.seeds for c in conditions]
-    frames = [run_one(cfg, train, test, c, s) for c, s in progress(tasks, desc="runs", disable=not show_progress)]
-    return pd.concat(frames, ignore_index=True)
+    arguments = ((cfg, train, test, c, s, str(device)) for c, s in tasks)
+    _, tables = collect_runs(_task, arguments, len(tasks), workers=workers, store=store, keys=_KEYS,
+                             show_progress=show_progress, on_run=on_run, tables=("groups",))
+    groups = tables["groups"]
+    if store is not None:
+        return _in_order(groups, CONDITIONS)
+    return _in_order(groups, tuple(conditions), cfg.seeds).drop(columns="device") if len(groups) else groups
+
+
+_MEASURES = ["accuracy", "key_mass", "pad_mass", "sink_weight", "sink_logit"]
+
+
+def _pooled(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The measures of a tidy frame per ``keys``, pooled over the other groups (weighted by their numbers of rows)."""
+    weighted = frame.assign(**{m: frame[m] * frame["n"] for m in _MEASURES})
+    pooled = weighted.groupby(keys)[[*_MEASURES, "n"]].sum(min_count=1)
+    pooled[_MEASURES] = pooled[_MEASURES].div(pooled["n"], axis=0)
+    return pooled
 
 
 def summarize(frame: pd.DataFrame, by: tuple[str, ...] = ("match",)) -> pd.DataFrame:
     """Per condition and ``by`` (``("match",)``, or ``("match", "n_keys")`` to keep the numbers of keys apart): the
     measures of :func:`run_grid` pooled over the other groups of a run (weighted by their numbers of rows), then the
     mean over the seeds, and the standard deviation of the accuracy over the seeds.
+
+    Args:
+        frame: tidy rows of :func:`run_grid` (live, or read back from a store's ``groups`` table). Runs of one
+            condition and seed on two kinds of device would be pooled as one: pass one kind (:func:`read_runs`).
 
     Returns:
         Columns ``condition, *by, n_seeds, accuracy, accuracy_sd, key_mass, pad_mass, sink_weight, sink_logit``, in
@@ -251,12 +390,8 @@ def summarize(frame: pd.DataFrame, by: tuple[str, ...] = ("match",)) -> pd.DataF
     """
     if not set(by) <= {"match", "n_keys", "padded"}:
         raise ValueError(f"by must name columns among 'match', 'n_keys' and 'padded', got {by!r}")
-    measures = ["accuracy", "key_mass", "pad_mass", "sink_weight", "sink_logit"]
-    weighted = frame.assign(**{m: frame[m] * frame["n"] for m in measures})
-    pooled = weighted.groupby(["condition", "seed", *by])[[*measures, "n"]].sum(min_count=1)
-    pooled[measures] = pooled[measures].div(pooled["n"], axis=0)
-    groups = pooled.groupby(["condition", *by])
-    out = groups[measures].mean()
+    groups = _pooled(frame, ["condition", "seed", *by]).groupby(["condition", *by])
+    out = groups[_MEASURES].mean()
     out.insert(1, "accuracy_sd", groups["accuracy"].std())
     out.insert(0, "n_seeds", groups.size())
     out = out.reset_index()
@@ -264,3 +399,136 @@ def summarize(frame: pd.DataFrame, by: tuple[str, ...] = ("match",)) -> pd.DataF
     out = out.assign(_c=out["condition"].map(order), _m=~out["match"] if "match" in by else 0)
     return out.sort_values(["_c", "_m", *[b for b in by if b != "match"]]).drop(columns=["_c", "_m"]) \
         .reset_index(drop=True)
+
+
+def per_run(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of a tidy frame (:func:`run_grid`): the rows of the store's main table.
+
+    Returns:
+        Columns ``condition, seed`` (and ``device`` if ``frame`` has it), then :data:`RESULT_COLUMNS`: for
+        ``accuracy``, ``key_mass``, ``pad_mass`` and ``sink_weight``, the measure pooled over the run's match rows
+        (``_match``) and over its no-match rows (``_no_match``), weighted by their numbers of rows (fractions; NaN
+        where a run has no such rows, and the sink weight is NaN without a sink); ``sink_logit`` and
+        ``train_time_s`` (seconds) of the run. Sorted by seed, then in the order of :data:`CONDITIONS`.
+
+    Raises:
+        KeyError: ``frame`` lacks a column of :func:`run_one`'s rows.
+
+    Chapter 9, section "Attending to nowhere" (the paired comparisons).
+    """
+    keys = ["condition", "seed", *(["device"] if "device" in frame else [])]
+    wide = _pooled(frame, [*keys, "match"]).unstack("match")
+    out = frame.groupby(keys)[["sink_logit", "train_time_s"]].first()
+    for measure in ("accuracy", "key_mass", "pad_mass", "sink_weight"):
+        for match, side in ((True, "match"), (False, "no_match")):
+            out[f"{measure}_{side}"] = wide[(measure, match)] if (measure, match) in wide else np.nan
+    out = out.reset_index()[[*keys, *RESULT_COLUMNS]]
+    return _in_order(out, CONDITIONS)
+
+
+#: The paired comparisons of chapter 9 (no-match accuracy, condition minus baseline, over seeds).
+COMPARISONS = (
+    Comparison("softmax_one", "softmax_one against the masked softmax", "softmax_one", "softmax"),
+    Comparison("learned sink", "the learned sink against the masked softmax", "learned sink", "softmax"),
+    Comparison("pads unmasked", "unmasked pads against the masked softmax", "softmax, pads unmasked", "softmax"),
+    Comparison("learned sink against softmax_one", "the learned sink against softmax_one", "learned sink",
+               "softmax_one"),
+)
+_SIDES = {"pad_mass": "pad_mass_no_match", "sink_weight": "sink_weight_no_match"}
+
+
+def compare_conditions(runs: pd.DataFrame, comparisons: tuple[Comparison, ...] = COMPARISONS, *,
+                       value: str = "accuracy_no_match", min_pairs: int = MIN_PAIRS, n_resamples: int = 9999,
+                       seed: int = 0) -> pd.DataFrame:
+    """One row per comparison: the paired change in ``value`` over seeds, its statistics and a verdict word chosen
+    from them, as :func:`attnbook.experiments.transformer_padding.compare_conditions`.
+
+    Args:
+        runs: one row per run (:func:`per_run`, or a store's main table), with ``condition``, ``seed``, ``value``
+            and optionally ``device`` (runs pair only within one kind of device).
+        comparisons: the comparisons (default :data:`COMPARISONS`).
+        value: the compared result, a column of :data:`RESULT_COLUMNS` (accuracies are fractions).
+        min_pairs: paired seeds needed for a verdict (10, as chapter 5).
+        n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
+
+    Returns:
+        Columns ``name, question, condition, baseline, n_pairs, mean_baseline, mean_condition, mean_diff, ci_low,
+        ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial, verdict`` (statistics of
+        :func:`attnbook.stats.compare_paired`, NaN with fewer than 2 paired seeds) and, for each side
+        (``_condition``, ``_baseline``), the means over the paired seeds of ``pad_mass`` and ``sink_weight`` on
+        no-match rows. ``verdict`` is :func:`attnbook.experiments.masking_report.verdict`: ``"higher"``,
+        ``"lower"``, ``"no difference resolved"`` (the bootstrap 95% interval includes 0) or ``"not yet answered"``
+        (fewer than ``min_pairs`` paired seeds).
+
+    Raises:
+        ValueError: ``runs`` lacks ``condition``, ``seed`` or ``value``, or a (condition, seed) run occurs twice on
+            one kind of device.
+
+    Chapter 9, section "Attending to nowhere"; the statistics are chapter 5's (section "Statistics for paired
+    seeds").
+    """
+    frame = runs_by_kind(runs, ("condition",), lambda row: row["condition"], value)
+    table = paired_table(frame, comparisons, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples,
+                         seed=seed).drop(columns=["condition", "baseline", "device_kind"])
+    return pd.concat([pd.DataFrame([comp._asdict() for comp in comparisons]), table], axis=1)
+
+
+class StoredRuns(NamedTuple):
+    """Stored runs of one kind of device, read by :func:`read_runs`."""
+
+    runs: pd.DataFrame        #: the main table: one row per run (:func:`per_run`'s columns, with ``device``)
+    groups: pd.DataFrame      #: the side table: the runs' tidy rows (:func:`run_grid`'s, with ``device``)
+    provenance: dict          #: the sidecar ``<name>.json``
+    kind: str                 #: ``"cpu"`` or ``"gpu"`` (:func:`attnbook.store.device_kind`)
+
+
+def read_runs(cfg: SinksConfig, name: str = "sinks_full", start: str | Path | None = None
+              ) -> tuple[StoredRuns | None, str]:
+    """The stored runs ``results/<name>.csv``, ``<name>_groups.csv`` and ``<name>.json``, found as
+    :func:`attnbook.provenance.read_stored` finds them (from ``start`` upwards; on Colab from the book's
+    repository), if their recorded configuration is ``cfg``'s (:func:`attnbook.store.config_differences`, leaving
+    out :data:`LAYOUT`'s ``not_configuration``: threads and seeds).
+
+    Where the store holds runs of both kinds of device, the kind with more runs is kept (GPU on a tie), since the
+    same seed trains a different model on another device.
+
+    Returns:
+        ``(stored, status)``: ``stored`` is None unless ``status`` is ``"used"``; otherwise ``status`` says why:
+        ``"missing"`` (a file is not there, or holds no run), ``"differs in [...]"`` (the entries of the
+        configuration that differ) or ``"incomplete: no runs of [...]"`` (conditions of :data:`CONDITIONS` without a
+        run on the kept kind of device).
+
+    Chapter 9, section "Attending to nowhere".
+    """
+    texts = {end: read_stored(name + end, start) for end in (".csv", "_groups.csv", ".json")}
+    if any(text is None for text in texts.values()):
+        return None, "missing"
+    meta = json.loads(texts[".json"])
+    differs = config_differences(meta.get("config", {}), store_config(cfg), LAYOUT.not_configuration)
+    if differs:
+        return None, f"differs in {differs}"
+    runs, groups = (pd.read_csv(io.StringIO(texts[end])) for end in (".csv", "_groups.csv"))
+    if runs.empty:
+        return None, "missing"
+    kinds = runs["device"].map(device_kind)
+    kind = "gpu" if (kinds == "gpu").sum() >= (kinds == "cpu").sum() else "cpu"
+    groups = groups[groups["device"].map(device_kind) == kind]
+    absent = [c for c in CONDITIONS if c not in set(runs.loc[kinds == kind, "condition"])]
+    if absent:
+        return None, f"incomplete: no runs of {absent}"
+    return StoredRuns(runs[kinds == kind].reset_index(drop=True), _in_order(groups, CONDITIONS), meta, kind), "used"
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    """The command line (see the module docstring); writes ``--out``, its side table ``<name>_groups.csv`` and its
+    provenance ``<name>.json``, and returns the tidy rows of every stored run. The arguments and the store are
+    checked before any run starts: a store of another configuration is a usage error (exit status 2) that names
+    the entries that differ. Makes chapter 9's stored runs (section "Attending to nowhere")."""
+    parser = grid_parser("python -m attnbook.experiments.sinks", __doc__.split("\n")[0], "results/sinks_full.csv",
+                         f"comma-separated conditions of {list(CONDITIONS)}", default_device="cpu")
+    args = parser.parse_args(argv)
+    cfg, only, device = grid_arguments(parser, args, SinksConfig.for_mode(args.mode), CONDITIONS)
+    return run_grid_cli(parser, args, cfg, run_grid=run_grid, open_store=open_store, only=only, device=device)
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
