@@ -294,5 +294,6 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     cfg, only, device = grid_arguments(parser, args, PackingConfig.for_mode(args.mode), CONDITIONS)
     return run_grid_cli(parser, args, cfg, run_grid=run_grid, open_store=open_store, only=only, device=device)
 
+
 if __name__ == "__main__":  # pragma: no cover
     main()
