@@ -1,7 +1,10 @@
 """attnbook.experiments.init_scale (chapter 3's initialization experiment) on tiny synthetic data: the per-step
 relative update against what SGD's and Adam's update rules give, the saturation measure at its two extremes,
-the verdict's four outcomes on constructed accuracies, the t interval against statsmodels, and every error path."""
+the verdict's four outcomes on constructed accuracies, the t interval against statsmodels, every error path, and
+the results store: stored runs equal to in-memory runs bit for bit, resuming after an interruption, the command
+line's configuration guard, and two worker processes against one."""
 
+import json
 import math
 from dataclasses import replace
 
@@ -168,3 +171,153 @@ def test_load_data_is_standardized_mnist():
     assert d["X_train"].shape == (3750, 784) and d["X_test"].shape == (1250, 784)
     assert d["X_train"].mean().item() == pytest.approx(0, abs=1e-4) and d["X_train"].std().item() == pytest.approx(1)
     assert torch.bincount(d["y_test"]).tolist() == [125] * 10
+
+
+# ---------------------------------------------------------------- the results store and the command line
+# 10 steps an epoch and 6 epochs: the stored side table keeps steps 30 and 60 of each run (STEP_EVERY = 30)
+STORE = replace(TINY, stds=(0.1, 3.0, "xavier"), large_std=3.0, batch_size=4, epochs=6)
+STORE_ARMS = ["0.1/adam", "3.0/adam", "xavier/adam", "0.1/sgd", "3.0/sgd", "3.0/adam-scaled"]
+
+
+def _kept(steps):
+    """The step records that the store keeps, as :func:`ins.run_arms` returns them."""
+    return steps[steps.step % ins.STEP_EVERY == 0].reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def in_memory(data):
+    torch.set_num_threads(1)
+    return ins.run_arms(STORE, data)
+
+
+def test_a_run_has_the_columns_the_store_holds(data, in_memory):
+    summary, steps = in_memory
+    assert tuple(summary.columns) == ins.SUMMARY_COLUMNS and tuple(ins.LAYOUT.columns) == (*ins.SUMMARY_COLUMNS,
+                                                                                           "device")
+    assert tuple(steps.columns[:6]) == ins.STEP_COLUMNS and list(_kept(steps).step.unique()) == [30, 60]
+    assert [ins.arm_id(i, o) for i, o in ins.arms(STORE)] == STORE_ARMS
+
+
+def test_stored_runs_equal_in_memory_runs_bitwise(tmp_path, data, in_memory):
+    summary, steps = in_memory
+    returned = ins.run_grid(STORE, data, out=tmp_path / "results" / "s.csv", show_progress=False)
+    stored = ins.read_runs("s", start=tmp_path)
+    assert stored.runs.device.str.startswith("CPU (1 threads").all() and len(stored.runs) == 12
+    pd.testing.assert_frame_equal(stored.runs.drop(columns="device"), summary, check_exact=True)
+    pd.testing.assert_frame_equal(returned.drop(columns="device"), summary, check_exact=True)
+    pd.testing.assert_frame_equal(stored.steps.drop(columns="device"), _kept(steps), check_exact=True)
+    assert stored.status(STORE) == "used" and stored.provenance["config"]["step_every"] == ins.STEP_EVERY
+    assert ins.mechanism_verdict(stored.runs, STORE) == ins.mechanism_verdict(summary, STORE)
+
+
+@pytest.fixture()
+def counted(monkeypatch):
+    calls = []
+    real = ins.train_run
+
+    def counting(cfg, data, init, optimizer, seed):
+        calls.append((ins.arm_id(init, optimizer), seed))
+        return real(cfg, data, init, optimizer, seed)
+
+    monkeypatch.setattr(ins, "train_run", counting)
+    return calls
+
+
+def test_an_interrupted_store_resumes_only_the_missing_runs(tmp_path, data, in_memory, counted):
+    out = tmp_path / "results" / "s.csv"
+
+    def stop_after_three(frame):
+        if len(frame) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ins.run_grid(STORE, data, out=out, show_progress=False, on_run=stop_after_three)
+    first = list(counted)
+    assert len(first) == 3 and len(pd.read_csv(out)) == 3
+    assert ins.read_runs("s", start=tmp_path).status(STORE) == "incomplete: 9 of 12 runs missing"
+    ins.run_grid(STORE, data, out=out, show_progress=False)
+    every = [(arm, seed) for arm in STORE_ARMS for seed in range(2)]
+    assert sorted(counted[3:]) == sorted(set(every) - set(first))          # only the missing runs, once each
+    stored = ins.read_runs("s", start=tmp_path)
+    assert len(stored.steps) == 2 * len(stored.runs) == 24
+    pd.testing.assert_frame_equal(ins._in_arm_order(stored.runs, STORE).drop(columns="device"), in_memory[0],
+                                  check_exact=True)
+    sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
+    assert [(s["status"], s["runs_added"]) for s in sessions] == [("interrupted", 3), ("finished", 9)]
+    ins.run_grid(STORE, None, out=out, show_progress=False)       # all stored: nothing runs, no data loaded
+    assert len(counted) == 12 and len(pd.read_csv(out)) == 12
+
+
+def test_two_workers_store_what_one_stores(tmp_path, data):
+    for workers in (1, 2):
+        ins.run_grid(STORE, data, workers=workers, out=tmp_path / "results" / f"w{workers}.csv",
+                     show_progress=False, only=["3.0/sgd", "3.0/adam-scaled"])
+    one, two = (ins.read_runs(f"w{w}", start=tmp_path) for w in (1, 2))
+    assert len(one.runs) == 4
+    for table in ("runs", "steps"):
+        pd.testing.assert_frame_equal(ins._in_arm_order(getattr(two, table), STORE),
+                                      ins._in_arm_order(getattr(one, table), STORE), check_exact=True)
+
+
+def test_run_grid_runs_on_the_cpu_only(data):
+    with pytest.raises(ValueError, match=r"runs on the CPU only \(a 784-64-10 network\), got meta"):
+        ins.run_grid(STORE, data, device="meta", show_progress=False)
+
+
+@pytest.fixture()
+def tiny_cli(monkeypatch, data):
+    """The command line on the tiny data: ``--mode quick`` is :data:`STORE` and ``--mode full`` the same with 7
+    epochs and a hidden layer of 6 units."""
+    monkeypatch.setattr(ins.InitScaleConfig, "quick", classmethod(lambda cls: STORE))
+    monkeypatch.setattr(ins.InitScaleConfig, "full", classmethod(lambda cls: replace(STORE, epochs=7, hidden_size=6)))
+    monkeypatch.setattr(ins, "load_data", lambda cfg: data)
+
+
+def test_main_writes_a_store_and_refuses_one_of_another_configuration(tmp_path, tiny_cli, monkeypatch, capsys):
+    out = tmp_path / "s.csv"
+    frame = ins.main(["--mode", "quick", "--seeds", "1", "--only", "3.0/adam-scaled,0.1/adam", "--no-progress",
+                      "--out", str(out)])
+    assert frame.optimizer.tolist() == ["adam", "adam-scaled"] and len(pd.read_csv(out)) == 2
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["mode"] == "quick" and meta["config"]["epochs"] == 6 and meta["sessions"][0]["status"] == "finished"
+    assert "2 runs in" in capsys.readouterr().out
+
+    def refuse(cfg):
+        raise AssertionError("the data were loaded")
+
+    monkeypatch.setattr(ins, "load_data", refuse)
+    with pytest.raises(SystemExit) as exit_:
+        ins.main(["--mode", "full", "--seeds", "1", "--out", str(out)])
+    assert exit_.value.code == 2
+    assert "holds runs made with another configuration (differs in ['epochs', 'hidden_size'])" in \
+        capsys.readouterr().err
+    assert len(pd.read_csv(out)) == 2
+    # threads and seeds only choose how and which runs are made: resuming with others is allowed
+    ins.main(["--mode", "quick", "--seeds", "1", "--threads", "2", "--only", "0.1/adam", "--out", str(out),
+              "--no-progress"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--only", "200/adam"], "--only names arms that are not in the experiment: ['200/adam']; the arms are "
+                             "['0.1/adam', '3.0/adam', 'xavier/adam', '0.1/sgd', '3.0/sgd', '3.0/adam-scaled']"),
+    (["--out", "s.json"], "argument --out: must name a .csv file"),
+])
+def test_main_errors(tmp_path, tiny_cli, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        ins.main(["--mode", "quick", *argv])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_read_runs_and_status(tmp_path):
+    assert ins.read_runs("absent", start=tmp_path) is None
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.csv").write_text("init,optimizer,seed,test accuracy\n3.0,adam,0,0.1\n")
+    assert ins.read_runs("r", start=tmp_path) is None                    # no provenance: not used
+    (results / "r.json").write_text(json.dumps({"config": {**ins.store_config(STORE), "epochs": 9, "seeds": 5}}))
+    stored = ins.read_runs("r", start=tmp_path)
+    assert stored.runs.init.tolist() == ["3.0"] and stored.steps.empty
+    assert stored.status(STORE) == "differs in ['epochs']"
+    assert stored.status(replace(STORE, epochs=9)) == "incomplete: 11 of 12 runs missing"

@@ -28,11 +28,25 @@ Use from Python (the chapter does)::
     data = load_data(cfg)
     summary, steps = run_arms(cfg, data)
     verdict = mechanism_verdict(summary, cfg)
+
+From the command line, into a results store (:mod:`attnbook.store`; resumable, on the CPU)::
+
+    python -m attnbook.experiments.init_scale --mode full --workers 2 --out results/init_scale_full.csv
+
+The store (:data:`LAYOUT`) holds one row per run (an arm and a seed, on a kind of device: ``kind_column="device"``)
+with the run's summary (:data:`SUMMARY_COLUMNS`, as :func:`run_arms` gives it, plus ``device``), the side table
+``<name>_steps.csv`` with every :data:`STEP_EVERY`-th step record of each run (steps 30, 60, ...: once per epoch at
+these sizes, so a full run's 1,200 steps keep 40 rows; all of them would make the table some 14 MB), and its
+provenance in ``<name>.json``. Chapter 3 reads it with :func:`read_runs` and takes its verdict from it when the
+configuration is :meth:`InitScaleConfig.full`'s and every run is there (:meth:`StoredRuns.status`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import io
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -43,10 +57,15 @@ from torch import nn
 
 from ..data.digits import split_digit_images
 from ..data.mnist import load_mnist_sample
-from ..runtime import ModeConfig
+from ..provenance import read_stored
+from ..runtime import ModeConfig, describe_device
+from ..store import (Layout, ResultsStore, collect_runs, config_differences, grid_parser, run_grid_cli,
+                     run_grid_in_session)
 
-__all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "learning_rate", "load_data", "make_classifier",
-           "train_run", "run_arms", "paired_interval", "mechanism_verdict"]
+__all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "arm_id", "learning_rate", "load_data",
+           "make_classifier", "train_run", "run_arms", "paired_interval", "mechanism_verdict", "SUMMARY_COLUMNS",
+           "STEP_COLUMNS", "STEP_EVERY", "LAYOUT", "store_config", "open_store", "run_grid", "StoredRuns",
+           "read_runs", "main"]
 
 #: The optimizers of the arms: plain SGD, Adam, and Adam with its learning rate scaled to the weights' size.
 OPTIMIZERS = ("sgd", "adam", "adam-scaled")
@@ -60,7 +79,8 @@ class InitScaleConfig(ModeConfig):
 
     ``stds`` are the standard deviations of the sweep (``"xavier"`` = Xavier's normal initialization), each trained
     with Adam at ``lr``; ``sgd_lr`` is SGD's learning rate; ``reference_std`` and ``large_std`` are the two
-    initializations of the question (0.1 and 200); ``saturation`` is the threshold on ``|tanh z|``.
+    initializations of the question (0.1 and 200); ``saturation`` is the threshold on ``|tanh z|``. ``threads``
+    is the number of torch threads of each run of :func:`run_grid` (:func:`run_arms` uses the caller's).
     """
 
     stds: tuple = (0.1, 1.0, 10.0, 200.0, "xavier")
@@ -75,6 +95,7 @@ class InitScaleConfig(ModeConfig):
     saturation: float = 0.99
     test_fraction: float = 0.25
     split_seed: int = 0
+    threads: int = 1
 
     @classmethod
     def quick(cls) -> "InitScaleConfig":
@@ -93,6 +114,12 @@ def arms(cfg: InitScaleConfig) -> list[tuple[object, str]]:
     out = [(std, "adam") for std in cfg.stds]
     out += [(cfg.reference_std, "sgd"), (cfg.large_std, "sgd"), (cfg.large_std, "adam-scaled")]
     return out
+
+
+def arm_id(init: object, optimizer: str) -> str:
+    """An arm's name, ``"<init>/<optimizer>"`` with ``init`` as :func:`train_run` records it, e.g.
+    ``"200.0/adam-scaled"`` or ``"xavier/adam"`` (the command line's ``--only`` takes these)."""
+    return f"{init}/{optimizer}"
 
 
 def learning_rate(cfg: InitScaleConfig, init: object, optimizer: str) -> float:
@@ -295,3 +322,203 @@ def mechanism_verdict(summary: pd.DataFrame, cfg: InitScaleConfig, confidence: f
     out["mechanism"] = ("both" if step and saturation else "step size" if step else "saturation" if saturation
                         else "neither")
     return out
+
+
+# ------------------------------------------------------------------------------------------------- the results store
+#: A run's summary (:func:`train_run`), column by column: what :func:`run_arms` gives per run.
+SUMMARY_COLUMNS = ("init", "optimizer", "lr", "seed", "loss at init", "pre-activation std", "saturated tanh",
+                   "max softmax prob", "grad/weight (layer 1)", "grad/weight (layer 2)", "relative update (layer 1)",
+                   "relative update (layer 2)", "saturated tanh (end)", "test accuracy")
+#: A step record (:func:`train_run`), column by column.
+STEP_COLUMNS = ("step", "loss", "saturated", "max_prob", "rel_update_1", "rel_update_2")
+#: The stored side table keeps the records of steps ``STEP_EVERY``, ``2 * STEP_EVERY``, ... of each run.
+STEP_EVERY = 30
+_KEYS = ("init", "optimizer", "seed")
+
+#: The results store of this experiment (:mod:`attnbook.store`): a run is an arm (``init``, ``optimizer``) with a
+#: ``seed``, on a kind of device; ``threads`` does not change results and ``seeds`` only chooses runs.
+LAYOUT = Layout("init_scale", keys=_KEYS, columns=(*SUMMARY_COLUMNS, "device"),
+                tables={"steps": (*STEP_COLUMNS, *_KEYS, "device")},
+                not_configuration=("threads", "seeds"), kind_column="device")
+
+
+def store_config(cfg: InitScaleConfig) -> dict:
+    """The configuration recorded with stored runs and checked on resume: the fields of ``cfg`` and the side
+    table's ``step_every`` (:data:`STEP_EVERY`)."""
+    return {**asdict(cfg), "step_every": STEP_EVERY}
+
+
+def _cpu(device: torch.device | str | None) -> torch.device:
+    """``device`` (default the CPU) if it is the CPU.
+
+    Raises:
+        ValueError: another device (the runs are CPU-sized: a 784-64-10 network on 3,750 images).
+    """
+    device = torch.device("cpu" if device is None else device)
+    if device.type != "cpu":
+        raise ValueError(f"the initialization experiment runs on the CPU only (a 784-64-10 network), got {device}")
+    return device
+
+
+def open_store(out: str | Path, cfg: InitScaleConfig, device: torch.device | str | None = None) -> ResultsStore:
+    """Open the results store ``out`` for ``cfg`` (:class:`attnbook.store.ResultsStore` with :data:`LAYOUT`).
+
+    Raises:
+        ValueError: ``device`` is not the CPU.
+        attnbook.store.StoreError: see :class:`~attnbook.store.ResultsStore` (another configuration: the message
+            names the entries that differ).
+    """
+    return ResultsStore(out, LAYOUT, store_config(cfg), device=str(_cpu(device))).open()
+
+
+def _task(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, seed: int) -> dict:
+    """One stored run (in a worker process or here) on ``cfg.threads`` torch threads: its summary with ``device``,
+    and under ``"steps"`` its every :data:`STEP_EVERY`-th step record, with the run's key and device."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        summary, steps = train_run(cfg, data, init, optimizer, seed)
+        device = describe_device("cpu")
+    finally:
+        torch.set_num_threads(threads)
+    kept = steps[steps["step"] % STEP_EVERY == 0]
+    return {**summary, "device": device,
+            "steps": kept.assign(init=summary["init"], optimizer=optimizer, seed=seed, device=device)}
+
+
+class _Runs:
+    """What :func:`attnbook.store.collect_runs` sees as the store (``frame`` and ``append``): it moves a run's
+    ``"steps"`` out of its row, into the side table of ``store`` (if any), before the row is kept."""
+
+    def __init__(self, store: ResultsStore | None):
+        self.store = store
+
+    def frame(self) -> pd.DataFrame:
+        return self.store.frame() if self.store is not None else pd.DataFrame()
+
+    def append(self, row: dict) -> None:
+        steps = row.pop("steps")
+        if self.store is not None:
+            self.store.append(row, {"steps": steps})
+
+
+def _in_arm_order(frame: pd.DataFrame, cfg: InitScaleConfig) -> pd.DataFrame:
+    """``frame`` with ``init`` as text, sorted as :func:`run_arms` orders its runs: by arm, then seed."""
+    if frame.empty:
+        return frame
+    frame = frame.astype({"init": str})
+    order = {arm_id(init, optimizer): i for i, (init, optimizer) in enumerate(arms(cfg))}
+    rank = [order.get(arm_id(i, o), len(order)) for i, o in zip(frame["init"], frame["optimizer"])]
+    return frame.assign(_rank=rank).sort_values(["_rank", "seed"], kind="stable").drop(columns="_rank") \
+        .reset_index(drop=True)
+
+
+def run_grid(cfg: InitScaleConfig, data: dict | None = None, *, workers: int = 1,
+             out: str | Path | ResultsStore | None = None, device: torch.device | str | None = None,
+             show_progress: bool = True, only: list[str] | None = None, on_run=None) -> pd.DataFrame:
+    """Every run of :func:`run_arms` (each arm of :func:`arms` with seeds ``0 .. cfg.seeds - 1``), on ``workers``
+    processes with ``cfg.threads`` torch threads each, into a results store.
+
+    Args:
+        cfg: the configuration.
+        data: :func:`load_data`'s tensors, or None to load them (only if a run is left to make).
+        workers: local processes (:func:`attnbook.runtime.run_tasks`).
+        out: a store path (``.csv``; opened, resumed and recorded as one session, as chapters 5, 8 and 9 do), an open
+            :class:`~attnbook.store.ResultsStore` (:func:`open_store`), or None to store nothing. Runs already in
+            the store are skipped; each finished run is appended at once (its step records first, then its row).
+        device: the CPU (the default); the experiment runs nowhere else.
+        show_progress: a progress bar over the runs.
+        only: arm names (:func:`arm_id`) to run, or None for all.
+        on_run: called with every run so far after each finished run.
+
+    Returns:
+        One row per run, stored ones included, in :func:`run_arms`' order: the columns of :data:`SUMMARY_COLUMNS`
+        (floats; ``init`` as text, ``seed`` int) and ``device``. For the same ``cfg`` and ``data``, a run's row
+        equals :func:`run_arms`' on a CPU with ``cfg.threads`` threads, bitwise.
+
+    Raises:
+        ValueError: ``device`` is not the CPU.
+        attnbook.store.StoreError: ``out`` cannot be resumed (another configuration, another process holds it).
+    """
+    device = _cpu(device)
+    if out is not None and not isinstance(out, ResultsStore):
+        return run_grid_in_session(run_grid, open_store, cfg, data, out=out, device=device, workers=workers,
+                                   only=only, show_progress=show_progress, on_run=on_run)
+    store = out
+    tasks = [(init, optimizer, seed) for init, optimizer in arms(cfg)
+             if only is None or arm_id(init, optimizer) in only for seed in range(cfg.seeds)
+             if store is None or not store.has({"init": str(init), "optimizer": optimizer, "seed": seed})]
+    if tasks and data is None:
+        data = load_data(cfg)
+    arguments = ((cfg, data, *task) for task in tasks)
+    frame = collect_runs(_task, arguments, len(tasks), workers=workers, store=_Runs(store),
+                         show_progress=show_progress, on_run=on_run)
+    return _in_arm_order(frame, cfg)
+
+
+# ------------------------------------------------------------------------------------------------- stored runs
+@dataclass
+class StoredRuns:
+    """A store of this experiment as read back by :func:`read_runs`: ``runs`` (the main table: one row per run,
+    :data:`SUMMARY_COLUMNS` and ``device``), ``steps`` (the side table; empty if its file is missing) and
+    ``provenance`` (the sidecar: ``config``, ``mode``, ``device``, ``date_utc``, ``sessions``, ...)."""
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    provenance: dict
+
+    def status(self, cfg: InitScaleConfig) -> str:
+        """Whether these runs can stand for the runs of ``cfg``: ``"used"`` if they were made with ``cfg``'s
+        configuration (:func:`store_config`, up to :data:`LAYOUT`'s ``not_configuration``, compared with
+        :func:`attnbook.store.config_differences`) and every arm has every seed of ``cfg``; else
+        ``"differs in [...]"``, naming the entries that differ, or ``"incomplete: N of M runs missing"``.
+        Chapter 3, section "Initialization scale"."""
+        differs = config_differences(self.provenance.get("config", {}), store_config(cfg), LAYOUT.not_configuration)
+        if differs:
+            return f"differs in {differs}"
+        have = set(zip(self.runs["init"], self.runs["optimizer"], self.runs["seed"]))
+        want = {(str(init), optimizer, seed) for init, optimizer in arms(cfg) for seed in range(cfg.seeds)}
+        missing = len(want - have)
+        return f"incomplete: {missing} of {len(want)} runs missing" if missing else "used"
+
+
+def read_runs(name: str = "init_scale_full", start: str | Path | None = None) -> StoredRuns | None:
+    """The stored runs ``results/<name>.csv`` with ``<name>_steps.csv`` and ``<name>.json``, found as
+    :func:`attnbook.provenance.read_stored` finds them (from ``start`` upwards; on Colab from the book's repository),
+    or None if the main table or the provenance is missing. ``init`` is read as text. Chapter 3, section
+    "Initialization scale"."""
+    texts = {end: read_stored(name + end, start) for end in (".csv", "_steps.csv", ".json")}
+    if texts[".csv"] is None or texts[".json"] is None:
+        return None
+    frames = [pd.read_csv(io.StringIO(texts[end]), dtype={"init": str}) if texts[end] else pd.DataFrame()
+              for end in (".csv", "_steps.csv")]
+    return StoredRuns(*frames, json.loads(texts[".json"]))
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    """The command line (module docstring): every run of ``--mode`` into the store ``--out`` with its provenance
+    ``<name>.json``; resumable, and it refuses a store of another configuration, naming the entries that differ.
+    The arguments and the store are checked before the data are loaded."""
+    parser = grid_parser("python -m attnbook.experiments.init_scale", __doc__.split("\n")[0],
+                         "results/init_scale_full.csv",
+                         "comma-separated arms, e.g. 200.0/adam,200.0/adam-scaled (default: all)")
+    args = parser.parse_args(argv)
+    cfg = InitScaleConfig.for_mode(args.mode)
+    changes = {"threads": args.threads} if args.threads is not None else {}
+    if args.seeds is not None:
+        changes["seeds"] = args.seeds
+    cfg = replace(cfg, **changes)
+    only = args.only.split(",") if args.only else None
+    names = [arm_id(init, optimizer) for init, optimizer in arms(cfg)]
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        parser.error(f"--only names arms that are not in the experiment: {unknown}; the arms are {names}")
+    try:
+        device = _cpu(args.device)
+    except ValueError as err:
+        parser.error(str(err))
+    return run_grid_cli(parser, args, cfg, run_grid=run_grid, open_store=open_store, only=only, device=device)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
