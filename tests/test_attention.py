@@ -2,7 +2,6 @@
 weights and gradients), nn.MultiheadAttention with copied weights, explicit loops, finite differences
 (gradcheck), and hypothesis properties of padding invariance."""
 
-import math
 
 import pytest
 import torch

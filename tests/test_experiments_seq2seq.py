@@ -10,7 +10,6 @@ from dataclasses import asdict, replace
 
 import pandas as pd
 import pytest
-import torch
 
 from test_store import check_resumed, cut_last_line, kill_after_rows
 

@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import torch.nn.functional as F
 
 from attnbook.data.translation import prepare_translation
 from attnbook.experiments import seq2seq as ch4

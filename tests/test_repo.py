@@ -70,7 +70,7 @@ def test_colab_cell_repo_url_agrees_with_config():
     url = re.search(r'REPO_URL = "([^"]+)"', COLAB_CELL).group(1)
     assert url == CONFIG["repository"]["url"]
     assert CONFIG["repository"]["branch"] == "main"
-    assert f"git+{{REPO_URL}}@main#subdirectory=code" in COLAB_CELL
+    assert "git+{REPO_URL}@main#subdirectory=code" in COLAB_CELL
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)

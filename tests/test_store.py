@@ -691,3 +691,20 @@ def test_collect_runs_stores_side_tables_with_their_runs_and_returns_them(tmp_pa
     assert list(frame["name"]) == ["x", "y"] and tables["history"]["name"].tolist() == ["x", "x", "y", "y"]
     frame, tables = store.collect_runs(_with_history, [], 0, show_progress=False, tables=["history"])
     assert frame.empty and tables["history"].empty
+
+
+def test_read_tables_reads_the_main_table_its_side_tables_and_provenance(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    assert store.read_tables("x", ("steps",), start=tmp_path) is None
+    pd.DataFrame({"init": ["200.0", "xavier"], "seed": [0, 1]}).to_csv(results / "x.csv", index=False)
+    assert store.read_tables("x", ("steps",), start=tmp_path) is None                 # no provenance yet
+    (results / "x.json").write_text(json.dumps({"config": {"lr": 0.1, "seeds": 3}}))
+    read = store.read_tables("x", ("steps", "groups"), start=tmp_path / "sub", dtype={"init": str})
+    assert read.runs["init"].tolist() == ["200.0", "xavier"] and read.tables == {}
+    pd.DataFrame({"init": ["200.0"], "step": [30]}).to_csv(results / "x_steps.csv", index=False)
+    read = store.read_tables("x", ("steps",), start=tmp_path, dtype={"init": str})
+    assert list(read.tables) == ["steps"] and read.tables["steps"]["init"].tolist() == ["200.0"]
+    layout = store.Layout("x", keys=("seed",), columns=("init", "seed"), not_configuration=("seeds",))
+    assert read.differences({"lr": 0.1, "seeds": 5}, layout) == []
+    assert read.differences({"lr": 0.2, "seeds": 3}, layout) == ["lr"]

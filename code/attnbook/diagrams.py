@@ -390,8 +390,8 @@ def han_pooling() -> Figure:
                 if real:
                     d.arrow((state.x, rows["weights"] + 1.5 * weights[k] + 0.42), c, color=ROLES["value"][1],
                             lw=0.5 + 3.0 * weights[k], head=False)
-        classifier = d.box(9.6, rows["classifier"], 12.0, 0.6, "linear classifier: one row of logits per document",
-                           role="output")
+        d.box(9.6, rows["classifier"], 12.0, 0.6, "linear classifier: one row of logits per document",
+                  role="output")
         for c in pooled:
             d.arrow(c, (c.x, rows["classifier"] - 0.3))
         return d.fig

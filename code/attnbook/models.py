@@ -20,7 +20,6 @@ Masks follow the book's convention: a bool tensor, True = the position takes par
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .masking import check_lengths_for, lengths_to_mask

@@ -65,11 +65,11 @@ from typing import Any
 
 import pandas as pd
 
-from .provenance import atomic_write_text, fsync_dir, git_commit, provenance
+from .provenance import atomic_write_text, fsync_dir, git_commit, provenance, read_stored
 from .runtime import get_mode, progress, run_tasks
 
 __all__ = ["StoreError", "StoreLocked", "Layout", "ResultsStore", "Session", "check_out", "sidecar_path",
-           "lock_path", "merge", "device_kind", "collect_runs", "positive_int", "device_arg", "csv_path", "main"]
+           "lock_path", "merge", "device_kind", "collect_runs", "StoredTables", "read_tables", "positive_int", "device_arg", "csv_path", "main"]
 
 
 class StoreError(ValueError):
@@ -556,6 +556,42 @@ def read_record(path: str | Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise StoreError(f"{path} is not valid JSON ({err}); restore it (e.g. with git checkout)") from None
+
+
+@dataclass
+class StoredTables:
+    """A results store as read back for a chapter (:func:`read_tables`): ``runs`` (the main table), ``tables`` (the
+    side tables found, ``{name: frame}``; a missing file is left out) and ``provenance`` (the sidecar)."""
+
+    runs: pd.DataFrame
+    tables: dict[str, pd.DataFrame]
+    provenance: dict
+
+    def differences(self, config: Mapping, layout: Layout) -> list[str]:
+        """The entries in which the recorded configuration differs from ``config``, leaving out
+        ``layout.not_configuration`` (:func:`config_differences`); empty if these runs were made with ``config``."""
+        return config_differences(self.provenance.get("config", {}), config, layout.not_configuration)
+
+
+def read_tables(name: str, tables: Iterable[str] = (), start: str | Path | None = None,
+                dtype: Mapping[str, Any] | None = None) -> StoredTables | None:
+    """The stored runs ``results/<name>.csv``, the side tables ``results/<name>_<table>.csv`` of ``tables`` and the
+    provenance ``results/<name>.json``, found as :func:`attnbook.provenance.read_stored` finds them (from ``start``
+    upwards; on Colab from the book's repository), each table read with pandas (``dtype`` passed on, e.g.
+    ``{"init": str}``). The chapters read their stored runs through it (chapters 3, 4, 8 and 9).
+
+    Returns:
+        None if the main table or the provenance is missing; else a :class:`StoredTables` whose ``tables`` hold the
+        side tables that exist.
+    """
+    main, sidecar = read_stored(name + ".csv", start), read_stored(name + ".json", start)
+    if main is None or sidecar is None:
+        return None
+    texts = {table: read_stored(f"{name}_{table}.csv", start) for table in tables}
+    return StoredTables(pd.read_csv(io.StringIO(main), dtype=dtype),
+                        {table: pd.read_csv(io.StringIO(text), dtype=dtype) for table, text in texts.items()
+                         if text is not None},
+                        json.loads(sidecar))
 
 
 def collect_runs(task: Callable, arguments: Iterable[tuple], n_tasks: int, *, workers: int = 1,

@@ -43,8 +43,6 @@ configuration is :meth:`InitScaleConfig.full`'s and every run is there (:meth:`S
 
 from __future__ import annotations
 
-import io
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -57,10 +55,9 @@ from torch import nn
 
 from ..data.digits import split_digit_images
 from ..data.mnist import load_mnist_sample
-from ..provenance import read_stored
 from ..runtime import ModeConfig, describe_device
-from ..store import (Layout, ResultsStore, collect_runs, config_differences, grid_parser, run_grid_cli,
-                     run_grid_in_session)
+from ..store import (Layout, ResultsStore, collect_runs, config_differences, grid_parser, read_tables,
+                     run_grid_cli, run_grid_in_session)
 
 __all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "arm_id", "learning_rate", "load_data",
            "make_classifier", "train_run", "run_arms", "paired_interval", "mechanism_verdict", "SUMMARY_COLUMNS",
@@ -371,9 +368,11 @@ def open_store(out: str | Path, cfg: InitScaleConfig, device: torch.device | str
     return ResultsStore(out, LAYOUT, store_config(cfg), device=str(_cpu(device))).open()
 
 
-def _task(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, seed: int) -> dict:
+def _task(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, seed: int
+          ) -> tuple[dict, dict[str, pd.DataFrame]]:
     """One stored run (in a worker process or here) on ``cfg.threads`` torch threads: its summary with ``device``,
-    and under ``"steps"`` its every :data:`STEP_EVERY`-th step record, with the run's key and device."""
+    and ``{"steps": ...}``, its every :data:`STEP_EVERY`-th step record with the run's key and device (the side
+    table, as :func:`attnbook.store.collect_runs` takes it)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
@@ -382,24 +381,8 @@ def _task(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, seed: 
     finally:
         torch.set_num_threads(threads)
     kept = steps[steps["step"] % STEP_EVERY == 0]
-    return {**summary, "device": device,
-            "steps": kept.assign(init=summary["init"], optimizer=optimizer, seed=seed, device=device)}
-
-
-class _Runs:
-    """What :func:`attnbook.store.collect_runs` sees as the store (``frame`` and ``append``): it moves a run's
-    ``"steps"`` out of its row, into the side table of ``store`` (if any), before the row is kept."""
-
-    def __init__(self, store: ResultsStore | None):
-        self.store = store
-
-    def frame(self) -> pd.DataFrame:
-        return self.store.frame() if self.store is not None else pd.DataFrame()
-
-    def append(self, row: dict) -> None:
-        steps = row.pop("steps")
-        if self.store is not None:
-            self.store.append(row, {"steps": steps})
+    return {**summary, "device": device}, {
+        "steps": kept.assign(init=summary["init"], optimizer=optimizer, seed=seed, device=device)}
 
 
 def _in_arm_order(frame: pd.DataFrame, cfg: InitScaleConfig) -> pd.DataFrame:
@@ -451,8 +434,8 @@ def run_grid(cfg: InitScaleConfig, data: dict | None = None, *, workers: int = 1
     if tasks and data is None:
         data = load_data(cfg)
     arguments = ((cfg, data, *task) for task in tasks)
-    frame = collect_runs(_task, arguments, len(tasks), workers=workers, store=_Runs(store),
-                         show_progress=show_progress, on_run=on_run)
+    frame, _ = collect_runs(_task, arguments, len(tasks), workers=workers, store=store, tables=("steps",),
+                            show_progress=show_progress, on_run=on_run)
     return _in_arm_order(frame, cfg)
 
 
@@ -487,12 +470,10 @@ def read_runs(name: str = "init_scale_full", start: str | Path | None = None) ->
     :func:`attnbook.provenance.read_stored` finds them (from ``start`` upwards; on Colab from the book's repository),
     or None if the main table or the provenance is missing. ``init`` is read as text. Chapter 3, section
     "Initialization scale"."""
-    texts = {end: read_stored(name + end, start) for end in (".csv", "_steps.csv", ".json")}
-    if texts[".csv"] is None or texts[".json"] is None:
+    stored = read_tables(name, ("steps",), start, dtype={"init": str})
+    if stored is None:
         return None
-    frames = [pd.read_csv(io.StringIO(texts[end]), dtype={"init": str}) if texts[end] else pd.DataFrame()
-              for end in (".csv", "_steps.csv")]
-    return StoredRuns(*frames, json.loads(texts[".json"]))
+    return StoredRuns(stored.runs, stored.tables.get("steps", pd.DataFrame()), stored.provenance)
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:

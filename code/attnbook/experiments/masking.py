@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from ..batching import BucketBatchSampler, RandomBatchSampler, pad_to_batch, padding_fraction
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..models import BiGRUClassifier, padding_mask
-from ..pooling import MASKINGS, pool_weights
+from ..pooling import MASKINGS
 from ..runtime import ModeConfig, describe_device, get_device, seed_everything
 from ..store import Layout, ResultsStore, collect_runs, grid_parser, run_grid_cli, run_grid_in_session
 

@@ -28,8 +28,6 @@ stored. ``tools/gpu_job.sh seq2seq`` runs the stored comparison this way on a GP
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -42,11 +40,11 @@ import torch.nn.functional as F
 
 from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
-from ..provenance import provenance, read_stored
+from ..provenance import provenance
 from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
 from ..store import (Layout, ResultsStore, Session, StoreError, config_differences, csv_path, device_arg,
-                     positive_int)
+                     positive_int, read_tables)
 from ..text import PAD_ID, detokenize, pad_batch
 
 __all__ = [
@@ -688,12 +686,11 @@ def read_runs(name: str, start: str | Path | None = None) -> StoredRuns | None:
     ``<name>.json``, found as :func:`attnbook.provenance.read_stored` finds them (from ``start`` upwards; on Colab
     from the book's repository), or ``None`` when the summary, the by-length table or the provenance is missing.
     Chapter 4, section "Seeds and uncertainty", reads its stored runs with it."""
-    texts = {end: read_stored(name + end, start) for end in (".csv", "_by_length.csv", "_history.csv", ".json")}
-    if any(texts[end] is None for end in (".csv", "_by_length.csv", ".json")):
+    stored = read_tables(name, ("by_length", "history"), start)
+    if stored is None or "by_length" not in stored.tables:
         return None
-    frames = [pd.read_csv(io.StringIO(texts[end])) if texts[end] is not None else pd.DataFrame()
-              for end in (".csv", "_by_length.csv", "_history.csv")]
-    return StoredRuns(*frames, json.loads(texts[".json"]))
+    return StoredRuns(stored.runs, stored.tables["by_length"], stored.tables.get("history", pd.DataFrame()),
+                      stored.provenance)
 
 
 def stored_status(stored: StoredRuns | None, config: Mapping, layout: Layout | None = None) -> str:

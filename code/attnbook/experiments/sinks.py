@@ -45,8 +45,6 @@ Sources: softmax with one added is Miller (2023), "Attention is off by one"; att
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,11 +57,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import MultiHeadAttention
-from ..provenance import read_stored
 from ..runtime import ModeConfig, describe_device, seed_everything
 from ..sinks import SinkMultiHeadAttention
-from ..store import (Layout, ResultsStore, collect_runs, config_differences, device_kind, grid_arguments,
-                     grid_parser, run_grid_cli, run_grid_in_session)
+from ..store import (Layout, ResultsStore, collect_runs, device_kind, grid_arguments, grid_parser, read_tables,
+                     run_grid_cli, run_grid_in_session)
 from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
 from .transformer_padding import Comparison
 
@@ -500,14 +497,13 @@ def read_runs(cfg: SinksConfig, name: str = "sinks_full", start: str | Path | No
 
     Chapter 9, section "Attending to nowhere".
     """
-    texts = {end: read_stored(name + end, start) for end in (".csv", "_groups.csv", ".json")}
-    if any(text is None for text in texts.values()):
+    stored = read_tables(name, ("groups",), start)
+    if stored is None or "groups" not in stored.tables:
         return None, "missing"
-    meta = json.loads(texts[".json"])
-    differs = config_differences(meta.get("config", {}), store_config(cfg), LAYOUT.not_configuration)
+    differs = stored.differences(store_config(cfg), LAYOUT)
     if differs:
         return None, f"differs in {differs}"
-    runs, groups = (pd.read_csv(io.StringIO(texts[end])) for end in (".csv", "_groups.csv"))
+    runs, groups, meta = stored.runs, stored.tables["groups"], stored.provenance
     if runs.empty:
         return None, "missing"
     kinds = runs["device"].map(device_kind)
