@@ -6,7 +6,8 @@ Usage (what `make book` does): ``python tools/execute_book.py [--jobs N]`` from 
 Why: the book executes every notebook on each build, and one after another they take longer than the 8 minutes a
 build may take on a 2-core machine. Most chapters run one process at a time, so two notebooks at once use both cores.
 The cache is emptied first, so every build executes every notebook with the current code (a cache keyed on the
-notebooks alone would keep outputs made with older library code). Each notebook runs in its own folder, as myst-nb
+notebooks alone would keep outputs made with older library code); given notebooks (``only``), the tool executes
+just those and leaves the other notebooks' cached outputs in place. Each notebook runs in its own folder, as myst-nb
 runs it, with ``ATTNBOOK_NO_PROGRESS=1`` (no progress bars in the pages, :func:`attnbook.runtime.in_book_build`).
 
 With two notebooks at once, each kernel gets one thread (``OMP_NUM_THREADS=1``, ``MKL_NUM_THREADS=1``; torch reads
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("MKL_NUM_THREADS", "1")
-    shutil.rmtree(CACHE, ignore_errors=True)
+    if not args.only:  # a whole build starts from an empty cache; a subset replaces only its own notebooks
+        shutil.rmtree(CACHE, ignore_errors=True)
     cache = get_cache(str(CACHE))
     notebooks = [p.resolve() for p in args.only] or book_notebooks()
     times = read_times()
