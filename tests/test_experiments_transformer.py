@@ -77,8 +77,8 @@ def test_run_one_refuses_a_bad_condition(condition, message):
 
 def test_presets():
     quick, full = TransformerPaddingConfig.quick(), TransformerPaddingConfig.full()
-    assert (quick.n_train, quick.max_len, quick.d_model, quick.num_layers, quick.nhead, len(quick.seeds)) == \
-        (4000, 128, 32, 1, 2, 2)
+    assert (quick.n_train, quick.max_len, quick.d_model, quick.num_layers, quick.nhead, quick.epochs,
+            len(quick.seeds)) == (4000, 128, 32, 1, 2, 1, 2)
     assert (full.n_train, full.max_len, full.d_model, full.num_layers, full.nhead, full.dim_feedforward,
             full.batch_size, full.epochs) == (None, 400, 64, 2, 4, 256, 64, 1)
     assert quick.dropout == full.dropout == 0.0                           # torch's fused CPU kernel has no dropout
