@@ -130,6 +130,20 @@ def test_training_is_chapter_5s(ex_data, uniform):
     assert history.test_acc.iloc[-1] == pytest.approx(row["test_accuracy"])
 
 
+def test_twins_side_by_side_equal_one_after_the_other(ex_data):
+    """Two worker processes give bitwise the same two classifiers and histories (bar wall_s) as this process."""
+    here = ex.train_twins(EX_CFG, ex_data, workers=1, show_progress=False)
+    apart = ex.train_twins(EX_CFG, ex_data, workers=2, show_progress=False)
+    for (model_a, history_a), (model_b, history_b), kind in zip(here, apart, ("attention", "mean")):
+        assert model_a.pooling.kind == model_b.pooling.kind == kind
+        state_a, state_b = model_a.state_dict(), model_b.state_dict()
+        assert state_a.keys() == state_b.keys()
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+        pd.testing.assert_frame_equal(history_a.drop(columns="wall_s"), history_b.drop(columns="wall_s"))
+    with pytest.raises(ValueError, match="workers must be at least 1, got 0"):
+        ex.train_twins(EX_CFG, ex_data, workers=0)
+
+
 def test_predict_and_accuracy_for_both_kinds_of_model(ex_data):
     test = ex_data["test"]
     model, _ = ex.train_classifier(EX_CFG, ex_data, show_progress=False)

@@ -50,13 +50,13 @@ from torch import nn
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..interpret import BinaryView, gradient_importance, kendall_tau, leave_one_out_importance, permutation_effect
 from ..models import BiGRUClassifier
-from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..stats import bootstrap_ci
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 from . import masking
 
-__all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "predict", "accuracy", "accuracy_difference",
-           "explanation_tests", "run_one", "main", "LAYOUT", "ATTENTIONS"]
+__all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "train_twins", "predict", "accuracy",
+           "accuracy_difference", "explanation_tests", "run_one", "main", "LAYOUT", "ATTENTIONS"]
 
 
 @dataclass(frozen=True)
@@ -226,6 +226,43 @@ def train_classifier(cfg: ExplanationConfig, data: dict, uniform: bool = False, 
         rows.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
                      "test_acc": accuracy(model, data["test"], device, cfg.eval_batch_size), "wall_s": wall})
     return model.eval(), pd.DataFrame(rows)
+
+
+def _train_one_thread(cfg: ExplanationConfig, data: dict, uniform: bool) -> tuple[BiGRUClassifier, pd.DataFrame]:
+    """:func:`train_classifier` in a worker process, with one torch thread and no progress bar, on writable copies
+    of the arrays of ``train`` and ``test`` (joblib hands large arrays to workers as read-only memory maps, which
+    ``torch.from_numpy`` warns about)."""
+    torch.set_num_threads(1)
+    data = {**data, **{name: {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in data[name].items()}
+                       for name in ("train", "test")}}
+    return train_classifier(cfg, data, uniform=uniform, show_progress=False)
+
+
+def train_twins(cfg: ExplanationConfig, data: dict, workers: int = 1, show_progress: bool = True
+                ) -> tuple[tuple[BiGRUClassifier, pd.DataFrame], tuple[BiGRUClassifier, pd.DataFrame]]:
+    """Train the learned-attention classifier and its uniform twin (:func:`train_classifier` with ``uniform`` False,
+    then True): one after the other in this process (``workers=1``), or side by side in ``workers`` processes of
+    one torch thread each (:func:`attnbook.runtime.run_tasks`; on a CPU, two workers take about half the time).
+
+    Each model is seeded inside :func:`train_classifier`, so on the CPU both ways give the same models and
+    histories (bar ``wall_s``) as long as this process also runs one thread (chapter 7 sets
+    ``torch.set_num_threads(1)``).
+
+    Returns:
+        ``((model, history), (uniform_model, uniform_history))`` as :func:`train_classifier` returns them.
+
+    Raises:
+        ValueError: ``workers`` below 1; what :func:`train_classifier` raises.
+
+    Chapter 7, section "Is attention an explanation?".
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if workers == 1:
+        return (train_classifier(cfg, data, show_progress=show_progress),
+                train_classifier(cfg, data, uniform=True, show_progress=show_progress))
+    learned, uniform = run_tasks(_train_one_thread, [(cfg, data, False), (cfg, data, True)], min(workers, 2))
+    return learned, uniform
 
 
 def explanation_tests(cfg: ExplanationConfig, model: nn.Module, data: dict) -> dict:
