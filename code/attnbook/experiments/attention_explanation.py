@@ -230,12 +230,9 @@ def train_classifier(cfg: ExplanationConfig, data: dict, uniform: bool = False, 
 
 def _train_one_thread(cfg: ExplanationConfig, data: dict, uniform: bool) -> tuple[BiGRUClassifier, pd.DataFrame]:
     """:func:`train_classifier` in a worker process, with one torch thread and no progress bar, on writable copies
-    of the arrays of ``train`` and ``test`` (joblib hands large arrays to workers as read-only memory maps, which
-    ``torch.from_numpy`` warns about)."""
+    of the arrays (:func:`attnbook.experiments.masking._writable`)."""
     torch.set_num_threads(1)
-    data = {**data, **{name: {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in data[name].items()}
-                       for name in ("train", "test")}}
-    return train_classifier(cfg, data, uniform=uniform, show_progress=False)
+    return train_classifier(cfg, masking._writable(data), uniform=uniform, show_progress=False)
 
 
 def train_twins(cfg: ExplanationConfig, data: dict, workers: int = 1, show_progress: bool = True
@@ -261,8 +258,7 @@ def train_twins(cfg: ExplanationConfig, data: dict, workers: int = 1, show_progr
     if workers == 1:
         return (train_classifier(cfg, data, show_progress=show_progress),
                 train_classifier(cfg, data, uniform=True, show_progress=show_progress))
-    learned, uniform = run_tasks(_train_one_thread, [(cfg, data, False), (cfg, data, True)], min(workers, 2))
-    return learned, uniform
+    return tuple(run_tasks(_train_one_thread, [(cfg, data, False), (cfg, data, True)], min(workers, 2)))
 
 
 def explanation_tests(cfg: ExplanationConfig, model: nn.Module, data: dict) -> dict:

@@ -367,9 +367,9 @@ def _task(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: st
 def _writable(data: dict) -> dict:
     """``data`` (from :func:`prepare_data`) with writable copies of its arrays. joblib hands large arrays to workers as
     read-only memory maps, which ``torch.from_numpy`` warns about; each run therefore works on its own copy (tens of
-    MB, once per run)."""
-    return {name: {k: np.array(v) for k, v in part.items()} if isinstance(part, dict) else part
-            for name, part in data.items()}
+    MB, once per run). Entries of a part that are not arrays (texts, a vocabulary) are passed on as they are."""
+    return {name: {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in part.items()}
+            if isinstance(part, dict) else part for name, part in data.items()}
 
 
 def run_grid(cfg: MaskingConfig, data: dict | None = None, *, workers: int = 1,
