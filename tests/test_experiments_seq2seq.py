@@ -155,3 +155,64 @@ def test_stored_status_says_missing_used_or_which_entries_differ():
     assert ex.stored_status(stored, asdict(replace(cfg, hidden_size=96, lr=1e-3))) == \
         "differs in ['hidden_size', 'lr']"
     assert stored.usable_for(asdict(replace(cfg, epochs=3))) == "differs in ['epochs']"
+
+
+# ------------------------------------------------------------------------------------------------- length gap
+def _by_length(values: dict) -> pd.DataFrame:
+    """by_length rows from {(model, seed): [value of group 1-4, 5-9, 10+]}; the 10+ group of seed 9 is empty."""
+    rows = []
+    for (model, seed), row in values.items():
+        for group, value in zip(("1-4", "5-9", "10+"), row):
+            rows.append({"length": group, "sentences": 5, "bleu_greedy": value, "token_acc": value / 100,
+                         "model": model, "seed": seed})
+    return pd.DataFrame(rows)
+
+
+def test_length_gap_change_is_the_change_of_the_paired_advantage():
+    by_length = _by_length({("none", 0): [40, 30, 10], ("bahdanau", 0): [45, 40, 30],
+                            ("none", 1): [42, 31, 20], ("bahdanau", 1): [44, 35, 21],
+                            ("luong-general", 0): [0, 0, 0], ("bahdanau", 2): [50, 40, 30]})
+    change = ex.length_gap_change(by_length, "bleu_greedy")
+    # seed 0: (30 - 10) - (45 - 40) = 15; seed 1: (21 - 20) - (44 - 42) = -1; seed 2 has no baseline
+    assert change.to_dict() == {0: 15, 1: -1} and change.name == "bleu_greedy"
+    # the same number is none's drop from the first to the last group minus Bahdanau's: (40 - 10) - (45 - 30)
+    assert change[0] == (40 - 10) - (45 - 30)
+    assert ex.length_gap_change(by_length, first="5-9", last="10+").round(6).to_dict() == {0: 0.1, 1: -0.03}
+    # luong-general's (0, 0, 0) against Bahdanau's (45, 40, 30): (0 - 30) - (0 - 45), in token accuracy
+    change = ex.length_gap_change(by_length, model="luong-general", baseline="bahdanau")
+    assert change.to_dict() == {0: pytest.approx(0.15)}
+
+
+def test_length_gap_change_skips_empty_groups_and_missing_models():
+    by_length = _by_length({("none", 0): [40, 30, 10], ("bahdanau", 0): [45, 40, 30]})
+    by_length.loc[by_length["length"] == "10+", "sentences"] = 0
+    assert ex.length_gap_change(by_length, "bleu_greedy").to_dict() == {0: (40 - 30) - (45 - 40)}
+    only = by_length[by_length["model"] == "bahdanau"]
+    assert ex.length_gap_change(only, "bleu_greedy").empty
+
+
+def test_length_gap_change_refuses_bad_input():
+    by_length = _by_length({("none", 0): [40, 30, 10], ("bahdanau", 0): [45, 40, 30]})
+    with pytest.raises(ValueError, match=r"lacks the columns \['sentences'\]"):
+        ex.length_gap_change(by_length.drop(columns="sentences"))
+    with pytest.raises(ValueError, match="rows twice"):
+        ex.length_gap_change(pd.concat([by_length, by_length.iloc[:1]]))
+    with pytest.raises(ValueError, match=r"last='31\+' is not a length group"):
+        ex.length_gap_change(by_length, last="31+")
+
+
+def test_describe_stored_names_the_stored_runs():
+    models, seeds = ["none", "bahdanau", "luong-general"], [0, 1, 2]
+    names = {"bahdanau": "Bahdanau", "none": "no attention"}
+    runs = pd.DataFrame({"model": ["bahdanau", "bahdanau", "none", "luong-dot"], "seed": [1, 0, 2, 0]})
+    assert ex.describe_stored(runs, models, seeds, names) == \
+        "3 of the 9 runs (no attention, seed 2; Bahdanau, seeds 0 and 1)"
+    full = pd.DataFrame([{"model": m, "seed": s} for m in models for s in seeds])
+    assert ex.describe_stored(full, models, seeds) == "all 9 runs"
+    assert ex.describe_stored(full.iloc[:0], models, seeds) == "none of the 9 runs"
+    three = pd.DataFrame({"model": ["none"] * 3, "seed": [2, 0, 1]})
+    assert ex.describe_stored(three, ["none", "bahdanau"], [0, 1, 2]) == "3 of the 6 runs (none, seeds 0, 1 and 2)"
+    with pytest.raises(ValueError, match=r"lacks the columns \['seed'\]"):
+        ex.describe_stored(runs.drop(columns="seed"), models, seeds)
+    with pytest.raises(ValueError, match="must not be empty"):
+        ex.describe_stored(runs, [], seeds)

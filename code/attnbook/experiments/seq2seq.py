@@ -50,7 +50,8 @@ from ..text import PAD_ID, detokenize, pad_batch
 __all__ = [
     "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
     "token_accuracy", "length_bucket", "evaluate_model", "attention_spread", "attention_collapse", "run_experiment",
-    "main", "LAYOUT", "LR_SCHEDULES", "StoredRuns", "read_runs", "stored_status",
+    "main", "LAYOUT", "LR_SCHEDULES", "StoredRuns", "read_runs", "stored_status", "length_gap_change",
+    "describe_stored",
 ]
 
 
@@ -697,6 +698,92 @@ def stored_status(stored: StoredRuns | None, config: Mapping, layout: Layout | N
     """Whether ``stored`` can stand for runs of ``config``: ``"missing"`` (None), else
     :meth:`StoredRuns.usable_for`."""
     return "missing" if stored is None else stored.usable_for(config, layout)
+
+
+def length_gap_change(by_length: pd.DataFrame, value: str = "token_acc", *, model: str = "bahdanau",
+                      baseline: str = "none", first: str | None = None, last: str | None = None) -> pd.Series:
+    """Per seed, how the advantage of ``model`` over ``baseline`` changes with the source length: ``model -
+    baseline`` in the longest group ``last`` minus ``model - baseline`` in the shortest group ``first``. A positive
+    change is an advantage that grows with the length, as attention's over a fixed context in Bahdanau et al.
+    (2015), Fig. 2; it equals ``baseline``'s drop from ``first`` to ``last`` minus ``model``'s.
+
+    Args:
+        by_length: one row per (``model``, ``seed``, ``length`` group) with ``value`` and ``sentences``, as
+            :func:`run_experiment` and the stores give them (``by_length``); other models are ignored.
+        value: the column compared, e.g. ``"token_acc"`` (fraction) or ``"bleu_greedy"`` (BLEU points).
+        model, baseline: the two model kinds.
+        first, last: the length groups (labels of :func:`length_bucket`); default the first and the last group,
+            in the table's order, that hold sentences.
+
+    Returns:
+        One value per seed that has both models in both groups (index ``seed``, sorted; in the unit of ``value``);
+        empty if there is none.
+
+    Raises:
+        ValueError: a missing column, a (model, seed, length) row that occurs twice, or ``first``/``last`` not a
+            group of the table.
+
+    Chapter 4, sections "The bottleneck: quality against source length" and "Full-size runs (stored)".
+    """
+    missing = sorted({"model", "seed", "length", "sentences", value} - set(by_length.columns))
+    if missing:
+        raise ValueError(f"by_length lacks the columns {missing}")
+    two = by_length[by_length["model"].isin([model, baseline])]
+    twice = two.duplicated(["model", "seed", "length"])
+    if twice.any():
+        rows = two.loc[twice, ["model", "seed", "length"]].values.tolist()
+        raise ValueError(f"by_length has rows twice: {rows[:5]}")
+    groups = list(dict.fromkeys(by_length["length"]))
+    filled = list(dict.fromkeys(by_length.loc[by_length["sentences"] > 0, "length"]))
+    first = filled[0] if first is None and filled else first
+    last = filled[-1] if last is None and filled else last
+    for name, group in (("first", first), ("last", last)):
+        if group not in groups:
+            raise ValueError(f"{name}={group!r} is not a length group of by_length: {groups}")
+    wide = two.pivot_table(index=["seed", "length"], columns="model", values=value, aggfunc="first")
+    if model not in wide or baseline not in wide:
+        return pd.Series(dtype=float, name=value).rename_axis("seed")
+    gap = (wide[model] - wide[baseline]).unstack("length")
+    if first not in gap or last not in gap:
+        return pd.Series(dtype=float, name=value).rename_axis("seed")
+    return (gap[last] - gap[first]).dropna().sort_index().rename(value)
+
+
+def describe_stored(runs: pd.DataFrame, models: Sequence[str], seeds: Sequence[int],
+                    names: Mapping[str, str] | None = None) -> str:
+    """Which of the runs (each model of ``models`` with each seed of ``seeds``) a store holds, in words for the
+    page: ``"all 9 runs"``, ``"none of the 9 runs"``, or e.g. ``"2 of the 9 runs (Bahdanau, seeds 0 and 1)"`` (the
+    models with none stored are not named). ``runs`` has ``model`` and ``seed`` columns (a store's main table);
+    runs of other models or seeds are ignored. ``names`` maps model kinds to the names shown (default: the kinds).
+
+    Raises:
+        ValueError: ``runs`` lacks ``model`` or ``seed``, or ``models`` or ``seeds`` is empty.
+
+    Chapter 4, section "Full-size runs (stored)".
+    """
+    missing = sorted({"model", "seed"} - set(runs.columns))
+    if missing:
+        raise ValueError(f"runs lacks the columns {missing}")
+    models, seeds = list(models), [int(s) for s in seeds]
+    if not models or not seeds:
+        raise ValueError(f"models and seeds must not be empty, got models={models}, seeds={seeds}")
+    names = dict(names or {})
+    stored = runs[runs["model"].isin(models) & runs["seed"].isin(seeds)].drop_duplicates(["model", "seed"])
+    total = len(models) * len(seeds)
+    if len(stored) == total:
+        return f"all {total} runs"
+    if stored.empty:
+        return f"none of the {total} runs"
+
+    def listed(values: list[int]) -> str:
+        return str(values[0]) if len(values) == 1 else ", ".join(map(str, values[:-1])) + f" and {values[-1]}"
+
+    parts = []
+    for kind in models:
+        have = sorted(int(s) for s in stored.loc[stored["model"] == kind, "seed"])
+        if have:
+            parts.append(f"{names.get(kind, kind)}, seed{'s' if len(have) > 1 else ''} {listed(have)}")
+    return f"{len(stored)} of the {total} runs ({'; '.join(parts)})"
 
 
 def store_translation_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg, *, layout: Layout,

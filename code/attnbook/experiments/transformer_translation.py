@@ -194,7 +194,8 @@ class TranslationConfig(ModeConfig):
         """All pairs with sources of up to 50 tokens and vocabularies of the tokens seen twice (at most 30,000), as
         chapter 4's full mode; a Transformer with d_model 256, 8 heads, 3 + 3 layers, feed-forward 1024, dropout 0.1,
         4,000 warm-up steps, label smoothing 0.1, 10 epochs; Bahdanau's model at chapter 4's full sizes (620, 1000),
-        10 epochs; 3 seeds. For a GPU; not yet timed."""
+        10 epochs; 3 seeds. For a GPU: on one core of this project's 2-core CPU, a step took 1.9 s over 40 steps
+        (1,600 steps an epoch), about 8 to 9 hours a run."""
         return cls(max_src_len=50, max_tgt_len=60, n_train=None, n_valid=None, n_test=None, min_freq=2,
                    max_src_vocab=30_000, max_tgt_vocab=30_000, covered_only=False, d_model=256, nhead=8,
                    num_layers=3, dim_feedforward=1024, dropout=0.1, lr=1e-3, warmup_steps=4_000,
