@@ -1,12 +1,15 @@
 """Chapter 5's answer table (attnbook.experiments.masking_report) on synthetic runs whose answer is known: the
 verdict words follow the interval and the number of paired seeds, only complete pairs count, Holm runs over the
-answered arms alone, and the reader's table shows points and percentages."""
+answered secondary arms alone and decides their verdicts with the interval, and the reader's table shows points and
+percentages."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from attnbook.experiments.masking_report import (ARMS, MIN_PAIRS, Arm, answer_table, direction_agrees,
+from dataclasses import replace
+
+from attnbook.experiments.masking_report import (ARMS, CORRECTED, MIN_PAIRS, Arm, answer_table, direction_agrees,
                                                  format_answer, verdict)
 from attnbook.stats import compare_paired
 
@@ -40,7 +43,7 @@ def test_a_clear_gain_is_higher_and_matches_compare_paired():
                                n_resamples=999).iloc[0]
     for key in ("mean_diff", "ci_low", "ci_high", "p_value", "rank_biserial"):
         assert row[key] == pytest.approx(reference[key])
-    assert row.p_holm == pytest.approx(row.p_value)  # the only answered arm
+    assert row.primary and np.isnan(row.p_holm)  # the primary arm is decided by its interval, uncorrected
     assert (table.drop(index="mask").verdict == "not yet answered").all()
     assert table.drop(index="mask").p_holm.isna().all()
 
@@ -69,13 +72,39 @@ def test_only_seeds_in_both_conditions_are_paired():
     assert row.n_pairs == 12 and row.mean_condition > 0.8
 
 
-def test_holm_runs_over_answered_arms():
+def _two_arms(n: int, primary: bool) -> tuple[pd.DataFrame, tuple[Arm, Arm]]:
+    """Runs of two arms that improve every one of ``n`` seeds: the central one (``primary`` or not) and the same
+    comparison on bucketed batches (secondary)."""
     arm2 = Arm("other", "q", "attention/neg_inf/packed/bucketed/fp32", "attention/none/packed/bucketed/fp32")
-    a = central(12, 0.01)
-    b = central(12, 0.01, seed=3)
+    a = central(n, 0.01)
+    b = central(n, 0.01, seed=3)
     b["batching"] = "bucketed"
-    table = answer_table(pd.concat([a, b]), (ARMS[0], arm2), n_resamples=999)
+    return pd.concat([a, b]), (replace(ARMS[0], primary=primary), arm2)
+
+
+def test_holm_runs_over_answered_secondary_arms():
+    frame, arms = _two_arms(12, primary=False)
+    table = answer_table(frame, arms, n_resamples=999)
     assert (table.p_holm >= table.p_value).all() and table.p_holm.notna().all()
+    assert (table.verdict == "higher").all()
+    frame, arms = _two_arms(12, primary=True)
+    table = answer_table(frame, arms, n_resamples=999)
+    assert table.p_holm.isna().tolist() == [True, False]
+    assert table.p_holm.iloc[1] == pytest.approx(table.p_value.iloc[1])  # the only secondary arm
+
+
+def test_a_secondary_difference_must_survive_holm():
+    """Six seeds that all improve: the interval excludes zero and Wilcoxon's exact p is 2/2^6 = 0.031; Holm over two
+    secondary arms doubles it past 5%, so neither difference counts, while a primary arm keeps its verdict."""
+    frame, arms = _two_arms(6, primary=False)
+    table = answer_table(frame, arms, min_pairs=5, n_resamples=999)
+    assert (table.ci_low > 0).all() and table.p_value.tolist() == pytest.approx([2 / 2 ** 6] * 2)
+    assert table.p_holm.tolist() == pytest.approx([4 / 2 ** 6] * 2) and (table.verdict == CORRECTED).all()
+    frame, arms = _two_arms(6, primary=True)
+    table = answer_table(frame, arms, min_pairs=5, n_resamples=999)
+    assert table.verdict.tolist() == ["higher", "higher"]   # one secondary arm: Holm leaves its p as it is
+    shown = format_answer(table)
+    assert shown["Wilcoxon p (Holm)"].tolist() == ["0.031 (primary)", "0.031 (0.031)"]
 
 
 def test_side_measurements_and_missing_flip_in():
@@ -100,6 +129,10 @@ def test_verdict_words_and_direction():
     assert verdict(20, 0.001, 0.01) == "higher" and verdict(20, -0.01, -0.001) == "lower"
     assert verdict(20, -0.01, 0.01) == "no difference resolved" and verdict(3, 0.1, 0.2) == "not yet answered"
     assert verdict(20, float("nan"), 0.1) == "not yet answered"
+    assert verdict(20, 0.001, 0.01, p_holm=0.2) == CORRECTED == verdict(20, -0.01, -0.001, p_holm=0.05)
+    assert verdict(20, 0.001, 0.01, p_holm=0.049) == "higher"
+    assert verdict(20, -0.01, 0.01, p_holm=0.001) == "no difference resolved"   # the interval must exclude zero
+    assert verdict(3, 0.001, 0.01, p_holm=0.001) == "not yet answered"
     assert direction_agrees(0.01, 0.003) and not direction_agrees(-0.01, 0.003) and not direction_agrees(0.0, 0.1)
 
 

@@ -6,9 +6,15 @@ them. Every verdict word is chosen here from the data, never typed in the chapte
 
 - an arm with fewer than ``min_pairs`` paired seeds is *not yet answered*, whatever its interval says;
 - otherwise the bootstrap 95% confidence interval of the mean paired difference decides: it excludes zero (a
-  difference, with its sign) or includes it (no difference resolved at this number of seeds).
+  difference, with its sign) or includes it (no difference resolved at this number of seeds);
+- a *primary* arm (:attr:`Arm.primary`: the question the table was made to answer, fixed before any run, such as
+  chapter 5's central comparison) is decided by its interval alone. Every other arm is secondary, one of a family of
+  comparisons: its difference counts only if, besides its interval, its Wilcoxon p-value stays below 5% after
+  Holm's correction over the answered secondary arms of the table (Holm 1979); otherwise its verdict is *not
+  resolved after Holm's correction* (:data:`CORRECTED`).
 
-Holm's correction runs over the answered arms of one table, so adding an arm that has too few seeds changes nothing.
+Holm's correction runs over the answered secondary arms of one table, so adding an arm that has too few seeds
+changes nothing; a primary arm's ``p_holm`` is NaN.
 
 Runs pair only with runs of the same kind of device (the ``device`` column: CPU or GPU), because the same seed gives
 a different training run on another device: when a store holds both, each arm uses the kind with more paired seeds.
@@ -25,22 +31,32 @@ from ..stats import compare_paired, holm
 from ..store import device_kind   # re-exported: the kind of device a stored run ran on
 from .masking import condition_id
 
-__all__ = ["Arm", "ARMS", "MIN_PAIRS", "answer_table", "format_answer", "verdict", "direction_agrees", "device_kind",
-           "runs_by_kind", "paired_table"]
+__all__ = ["Arm", "ARMS", "MIN_PAIRS", "CORRECTED", "ALPHA", "answer_table", "format_answer", "verdict",
+           "direction_agrees", "device_kind", "runs_by_kind", "paired_table"]
 
 #: Paired seeds an arm needs before the chapter draws a verdict from it (issue "Chapter 5 gives its answer at full
 #: scale": at least 10, and 20 is the goal).
 MIN_PAIRS = 10
 
+#: The level below which a secondary arm's Holm-corrected p-value must stay for its difference to count.
+ALPHA = 0.05
+
+#: The verdict of a secondary arm whose interval excludes zero but whose Holm-corrected p-value does not stay below
+#: :data:`ALPHA`.
+CORRECTED = "not resolved after Holm's correction"
+
 
 @dataclass(frozen=True)
 class Arm:
-    """One paired comparison: ``condition`` against ``baseline`` (both :func:`condition_id` keys), same seeds."""
+    """One paired comparison: ``condition`` against ``baseline`` (both :func:`condition_id` keys), same seeds.
+    ``primary``: the table's own question, decided by its interval alone (see the module docstring); the other arms
+    are corrected for the family."""
 
     name: str
     question: str
     condition: str
     baseline: str
+    primary: bool = False
 
 
 def _cid(pooling: str, masking: str, rnn_input: str = "packed", batching: str = "random") -> str:
@@ -52,7 +68,7 @@ def _cid(pooling: str, masking: str, rnn_input: str = "packed", batching: str = 
 #: ask about, the asker's own method, the simplest baseline, and bucketing itself.
 ARMS = (
     Arm("mask", "−∞ mask against none (packed encoder, random batches)",
-        _cid("attention", "neg_inf"), _cid("attention", "none")),
+        _cid("attention", "neg_inf"), _cid("attention", "none"), primary=True),
     Arm("mask, bucketed", "−∞ mask against none, bucketed batches",
         _cid("attention", "neg_inf", batching="bucketed"), _cid("attention", "none", batching="bucketed")),
     Arm("mask, unpacked", "−∞ mask against none, unpacked encoder (post-padding)",
@@ -82,15 +98,18 @@ def _paired(frame: pd.DataFrame, arm) -> pd.DataFrame:
     return best
 
 
-def verdict(n_pairs: int, ci_low: float, ci_high: float, min_pairs: int = MIN_PAIRS) -> str:
-    """The verdict words for one arm: ``"not yet answered"``, ``"higher"``, ``"lower"`` or ``"no difference
-    resolved"``, chosen from the number of paired seeds and the confidence interval (see the module docstring)."""
+def verdict(n_pairs: int, ci_low: float, ci_high: float, min_pairs: int = MIN_PAIRS, p_holm: float = np.nan,
+            alpha: float = ALPHA) -> str:
+    """The verdict words for one arm: ``"not yet answered"``, ``"higher"``, ``"lower"``, ``"no difference
+    resolved"`` or :data:`CORRECTED`, chosen from the number of paired seeds, the confidence interval and, for a
+    secondary arm, its Holm-corrected p-value ``p_holm`` (NaN for a primary arm, which its interval alone decides;
+    see the module docstring)."""
     if n_pairs < min_pairs or not (np.isfinite(ci_low) and np.isfinite(ci_high)):
         return "not yet answered"
-    if ci_low > 0:
-        return "higher"
-    if ci_high < 0:
-        return "lower"
+    if ci_low > 0 or ci_high < 0:
+        if np.isfinite(p_holm) and p_holm >= alpha:
+            return CORRECTED
+        return "higher" if ci_low > 0 else "lower"
     return "no difference resolved"
 
 
@@ -110,10 +129,11 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
     Returns:
         Columns ``arm, question`` and those of :func:`paired_table` (``condition, baseline, n_pairs, device_kind,
         mean_baseline, mean_condition, mean_diff, ci_low, ci_high, n_better, n_worse, n_equal, p_value, p_holm,
-        rank_biserial, verdict``), and for each side (``_condition``,
+        rank_biserial, primary, verdict``), and for each side (``_condition``,
         ``_baseline``) the means over the paired seeds of ``pad_mass``, ``flip_in`` (re-pad inside the training
         distribution), ``flip_stress`` (re-pad to twice the training maximum) and ``tokens_per_s``. An arm with
-        fewer than 2 paired seeds has NaN statistics; ``p_holm`` is NaN for arms that are not yet answered.
+        fewer than 2 paired seeds has NaN statistics; ``p_holm`` is NaN for the primary arm and for arms that are not yet
+        answered.
 
     Raises:
         ValueError: ``frame`` lacks the factor, ``seed`` or ``value`` columns, or a (condition, seed) run occurs
@@ -154,8 +174,9 @@ def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: st
         (:func:`attnbook.stats.compare_paired`: ``mean_baseline, mean_condition, mean_diff, ci_low, ci_high,
         p_value, rank_biserial, n_better, n_worse, n_equal``; NaN with fewer than 2 paired seeds), for each entry
         ``key: column`` of ``sides`` the means of ``column`` over the paired seeds as ``key_condition`` and
-        ``key_baseline`` (NaN where not measured), ``verdict`` (:func:`verdict`) and ``p_holm`` (Holm over the
-        answered rows, NaN for the others).
+        ``key_baseline`` (NaN where not measured), ``primary`` (the pair's ``primary`` attribute, False without
+        one), ``p_holm`` (Holm over the answered secondary rows, NaN for the others) and ``verdict``
+        (:func:`verdict`: a primary row by its interval, a secondary row by its interval and ``p_holm``).
     """
     rows = []
     for pair in pairs:
@@ -175,13 +196,15 @@ def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: st
             for side in ("condition", "baseline"):
                 values = runs.loc[runs.condition == getattr(pair, side), column] if column in runs else pd.Series()
                 row[f"{key}_{side}"] = float(values.mean()) if values.notna().any() else np.nan
-        row["verdict"] = verdict(n, row["ci_low"], row["ci_high"], min_pairs)
+        row["primary"] = bool(getattr(pair, "primary", False))
+        row["verdict"] = verdict(n, row["ci_low"], row["ci_high"], min_pairs)   # before the correction
         rows.append(row)
     out = pd.DataFrame(rows)
     out["p_holm"] = np.nan
-    answered = out.verdict != "not yet answered"
-    if answered.any():
-        out.loc[answered, "p_holm"] = holm(out.loc[answered, "p_value"].to_numpy())
+    family = (out.verdict != "not yet answered") & ~out.primary
+    if family.any():
+        out.loc[family, "p_holm"] = holm(out.loc[family, "p_value"].to_numpy())
+    out["verdict"] = [verdict(r.n_pairs, r.ci_low, r.ci_high, min_pairs, r.p_holm) for r in out.itertuples()]
     return out
 
 
@@ -205,7 +228,8 @@ def format_answer(table: pd.DataFrame) -> pd.DataFrame:
                                          if answered else "–"),
             "better / worse": f"{int(t.n_better)} / {int(t.n_worse)}" if answered else "–",
             "Wilcoxon p (Holm)": f"{t.p_value:.3f} ({t.p_holm:.3f})" if np.isfinite(t.p_holm) else
-            (f"{t.p_value:.3f}" if answered else "–"),
+            (f"{t.p_value:.3f} (primary)" if answered and t.get("primary", False) else
+             f"{t.p_value:.3f}" if answered else "–"),
             "rank-biserial": f"{t.rank_biserial:+.2f}" if answered else "–",
             "pad mass": pair(t.pad_mass_condition, t.pad_mass_baseline, pct),
             "flip rate": pair(t.flip_in_condition, t.flip_in_baseline, pct),

@@ -281,7 +281,7 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
     """
     frame = runs_by_kind(frame, FACTORS, condition_id, value)
     table = paired_table(frame, comparisons, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples,
-                         seed=seed).drop(columns=["condition", "baseline", "device_kind"])
+                         seed=seed).drop(columns=["condition", "baseline", "device_kind", "primary"])
     return pd.concat([pd.DataFrame([comp._asdict() for comp in comparisons]), table], axis=1)
 
 

@@ -153,12 +153,15 @@ REFERENCE = "masked/post/index/mean"
 
 class Comparison(NamedTuple):
     """One paired comparison of :func:`compare_conditions`: ``condition`` against ``baseline`` (both
-    :func:`condition_id` keys), over the seeds that ran both."""
+    :func:`condition_id` keys), over the seeds that ran both. ``primary``: decided by its interval alone, as
+    :class:`attnbook.experiments.masking_report.Arm`; the others (all of this chapter's) are corrected for the
+    family with Holm's method."""
 
     name: str
     question: str
     condition: str
     baseline: str
+    primary: bool = False
 
 
 #: The comparisons of chapter 8 (issue 20): the mask, left padding, the position fix (against left padding with
@@ -196,13 +199,14 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
 
     Returns:
         Columns ``name, question, condition, baseline, n_pairs, mean_baseline, mean_condition, mean_diff, ci_low,
-        ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial, verdict`` and, for each side
-        (``_condition``, ``_baseline``), the means over the paired seeds of ``pad_mass``, ``flip`` (the flip rate
-        inside the training distribution) and ``tokens_per_s``. ``verdict`` is
-        :func:`attnbook.experiments.masking_report.verdict`: ``"higher"``, ``"lower"``, ``"no difference
-        resolved"`` (the bootstrap 95% interval includes 0) or ``"not yet answered"`` (fewer than ``min_pairs``
-        seeds). Holm's correction runs over the answered rows; a comparison with fewer than 2 paired seeds has NaN
-        statistics.
+        ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial, verdict``, ``primary`` and, for each
+        side (``_condition``, ``_baseline``), the means over the paired seeds of ``pad_mass``, ``flip`` (the flip
+        rate inside the training distribution) and ``tokens_per_s``. ``verdict`` is
+        :func:`attnbook.experiments.masking_report.verdict`: ``"higher"`` or ``"lower"`` (the bootstrap 95%
+        interval excludes 0 and, for a comparison that is not ``primary``, Holm's corrected p-value stays below
+        5%), ``"no difference resolved"`` (the interval includes 0), ``"not resolved after Holm's correction"`` or
+        ``"not yet answered"`` (fewer than ``min_pairs`` seeds). Holm's correction runs over the answered
+        comparisons that are not primary; a comparison with fewer than 2 paired seeds has NaN statistics.
 
     Raises:
         ValueError: ``frame`` lacks a factor, ``seed`` or ``value`` column, or a (condition, seed) run occurs twice
@@ -213,7 +217,7 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
     """
     frame = runs_by_kind(frame, FACTORS, condition_id, value)
     table = paired_table(frame, comparisons, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples,
-                         seed=seed).drop(columns=["condition", "baseline", "device_kind"])
+                         seed=seed).drop(columns=["condition", "baseline", "device_kind", "primary"])
     return pd.concat([pd.DataFrame([comp._asdict() for comp in comparisons]), table], axis=1)
 
 

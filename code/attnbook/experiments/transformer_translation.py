@@ -569,7 +569,8 @@ def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: in
     from .masking_report import paired_table, runs_by_kind
 
     frame = runs_by_kind(runs, ("model",), lambda row: row["model"], value)
-    pair = SimpleNamespace(condition="transformer", baseline="bahdanau")
+    # one planned comparison, not a family: its interval alone decides (masking_report's primary arm)
+    pair = SimpleNamespace(condition="transformer", baseline="bahdanau", primary=True)
     row = paired_table(frame, [pair], {}, value=value, min_pairs=min_pairs, n_resamples=n_resamples,
                        seed=seed).iloc[0].copy()
     row["verdict"] = {"no difference resolved": "within seed noise"}.get(row["verdict"], row["verdict"])
