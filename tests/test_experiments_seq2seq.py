@@ -191,6 +191,16 @@ def test_length_gap_change_skips_empty_groups_and_missing_models():
     assert ex.length_gap_change(only, "bleu_greedy").empty
 
 
+def test_length_gap_change_is_empty_without_two_groups_to_compare():
+    by_length = _by_length({("none", 0): [40, 30, 10], ("bahdanau", 0): [45, 40, 30]})
+    assert ex.length_gap_change(by_length.iloc[:0]).empty
+    none_filled = by_length.assign(sentences=0)
+    assert ex.length_gap_change(none_filled).empty
+    one_filled = by_length.assign(sentences=(by_length["length"] == "5-9").astype(int))
+    assert ex.length_gap_change(one_filled).empty                  # first == last: nothing to measure
+    assert ex.length_gap_change(by_length, first="5-9", last="5-9").empty
+
+
 def test_length_gap_change_refuses_bad_input():
     by_length = _by_length({("none", 0): [40, 30, 10], ("bahdanau", 0): [45, 40, 30]})
     with pytest.raises(ValueError, match=r"lacks the columns \['sentences'\]"):
@@ -212,6 +222,7 @@ def test_describe_stored_names_the_stored_runs():
     assert ex.describe_stored(full.iloc[:0], models, seeds) == "none of the 9 runs"
     three = pd.DataFrame({"model": ["none"] * 3, "seed": [2, 0, 1]})
     assert ex.describe_stored(three, ["none", "bahdanau"], [0, 1, 2]) == "3 of the 6 runs (none, seeds 0, 1 and 2)"
+    assert ex.describe_stored(full, models + ["none"], seeds + [0]) == "all 9 runs"   # repeats count once
     with pytest.raises(ValueError, match=r"lacks the columns \['seed'\]"):
         ex.describe_stored(runs.drop(columns="seed"), models, seeds)
     with pytest.raises(ValueError, match="must not be empty"):

@@ -132,8 +132,8 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
         rank_biserial, primary, verdict``), and for each side (``_condition``,
         ``_baseline``) the means over the paired seeds of ``pad_mass``, ``flip_in`` (re-pad inside the training
         distribution), ``flip_stress`` (re-pad to twice the training maximum) and ``tokens_per_s``. An arm with
-        fewer than 2 paired seeds has NaN statistics; ``p_holm`` is NaN for the primary arm and for arms that are not yet
-        answered.
+        fewer than 2 paired seeds has NaN statistics; ``p_holm`` is NaN for the primary arm and for arms that are
+        not yet answered.
 
     Raises:
         ValueError: ``frame`` lacks the factor, ``seed`` or ``value`` columns, or a (condition, seed) run occurs

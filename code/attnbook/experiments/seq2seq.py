@@ -717,7 +717,8 @@ def length_gap_change(by_length: pd.DataFrame, value: str = "token_acc", *, mode
 
     Returns:
         One value per seed that has both models in both groups (index ``seed``, sorted; in the unit of ``value``);
-        empty if there is none.
+        empty if there is none, if no group holds sentences, or if ``first`` and ``last`` are the same group (then
+        nothing changes with the length that could be measured).
 
     Raises:
         ValueError: a missing column, a (model, seed, length) row that occurs twice, or ``first``/``last`` not a
@@ -735,17 +736,22 @@ def length_gap_change(by_length: pd.DataFrame, value: str = "token_acc", *, mode
         raise ValueError(f"by_length has rows twice: {rows[:5]}")
     groups = list(dict.fromkeys(by_length["length"]))
     filled = list(dict.fromkeys(by_length.loc[by_length["sentences"] > 0, "length"]))
-    first = filled[0] if first is None and filled else first
-    last = filled[-1] if last is None and filled else last
+    empty = pd.Series(dtype=float, name=value).rename_axis("seed")
     for name, group in (("first", first), ("last", last)):
-        if group not in groups:
+        if group is not None and group not in groups:
             raise ValueError(f"{name}={group!r} is not a length group of by_length: {groups}")
+    if not filled and (first is None or last is None):
+        return empty
+    first = filled[0] if first is None else first
+    last = filled[-1] if last is None else last
+    if first == last:
+        return empty
     wide = two.pivot_table(index=["seed", "length"], columns="model", values=value, aggfunc="first")
     if model not in wide or baseline not in wide:
-        return pd.Series(dtype=float, name=value).rename_axis("seed")
+        return empty
     gap = (wide[model] - wide[baseline]).unstack("length")
     if first not in gap or last not in gap:
-        return pd.Series(dtype=float, name=value).rename_axis("seed")
+        return empty
     return (gap[last] - gap[first]).dropna().sort_index().rename(value)
 
 
@@ -764,7 +770,7 @@ def describe_stored(runs: pd.DataFrame, models: Sequence[str], seeds: Sequence[i
     missing = sorted({"model", "seed"} - set(runs.columns))
     if missing:
         raise ValueError(f"runs lacks the columns {missing}")
-    models, seeds = list(models), [int(s) for s in seeds]
+    models, seeds = list(dict.fromkeys(models)), list(dict.fromkeys(int(s) for s in seeds))
     if not models or not seeds:
         raise ValueError(f"models and seeds must not be empty, got models={models}, seeds={seeds}")
     names = dict(names or {})

@@ -449,14 +449,15 @@ def compare_conditions(runs: pd.DataFrame, comparisons: tuple[Comparison, ...] =
         n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
 
     Returns:
-        Columns ``name, question, condition, baseline, n_pairs, mean_baseline, mean_condition, mean_diff, ci_low,
-        ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial, verdict`` and ``primary`` (statistics
-        of :func:`attnbook.stats.compare_paired`, NaN with fewer than 2 paired seeds) and, for each side
-        (``_condition``, ``_baseline``), the means over the paired seeds of ``pad_mass`` and ``sink_weight`` on
-        no-match rows. ``verdict`` is :func:`attnbook.experiments.masking_report.verdict`: ``"higher"`` or
-        ``"lower"`` (the bootstrap 95% interval excludes 0 and, the comparisons being a family, Holm's corrected
-        p-value stays below 5%), ``"no difference resolved"`` (the interval includes 0), ``"not resolved after
-        Holm's correction"`` or ``"not yet answered"`` (fewer than ``min_pairs`` paired seeds).
+        Columns ``name, question, condition, baseline, primary`` (of the comparison), ``n_pairs, mean_baseline,
+        mean_condition, mean_diff, ci_low, ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial,
+        verdict`` (statistics of :func:`attnbook.stats.compare_paired`, NaN with fewer than 2 paired seeds) and, for
+        each side (``_condition``, ``_baseline``), the means over the paired seeds of ``pad_mass`` and
+        ``sink_weight`` on no-match rows. ``verdict`` is :func:`attnbook.experiments.masking_report.verdict`:
+        ``"higher"`` or ``"lower"`` (the bootstrap 95% interval excludes 0 and, for a comparison that is not
+        ``primary``, as none of :data:`COMPARISONS` is, Holm's corrected p-value stays below 5%), ``"no difference
+        resolved"`` (the interval includes 0), ``"not resolved after Holm's correction"`` or ``"not yet answered"``
+        (fewer than ``min_pairs`` paired seeds).
 
     Raises:
         ValueError: ``runs`` lacks ``condition``, ``seed`` or ``value``, or a (condition, seed) run occurs twice on

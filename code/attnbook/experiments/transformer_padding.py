@@ -198,10 +198,10 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
         n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
 
     Returns:
-        Columns ``name, question, condition, baseline, n_pairs, mean_baseline, mean_condition, mean_diff, ci_low,
-        ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial, verdict``, ``primary`` and, for each
-        side (``_condition``, ``_baseline``), the means over the paired seeds of ``pad_mass``, ``flip`` (the flip
-        rate inside the training distribution) and ``tokens_per_s``. ``verdict`` is
+        Columns ``name, question, condition, baseline, primary`` (of the comparison), ``n_pairs, mean_baseline,
+        mean_condition, mean_diff, ci_low, ci_high, n_better, n_worse, n_equal, p_value, p_holm, rank_biserial,
+        verdict`` and, for each side (``_condition``, ``_baseline``), the means over the paired seeds of
+        ``pad_mass``, ``flip`` (the flip rate inside the training distribution) and ``tokens_per_s``. ``verdict`` is
         :func:`attnbook.experiments.masking_report.verdict`: ``"higher"`` or ``"lower"`` (the bootstrap 95%
         interval excludes 0 and, for a comparison that is not ``primary``, Holm's corrected p-value stays below
         5%), ``"no difference resolved"`` (the interval includes 0), ``"not resolved after Holm's correction"`` or
