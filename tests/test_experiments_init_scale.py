@@ -202,7 +202,7 @@ def test_stored_runs_equal_in_memory_runs_bitwise(tmp_path, data, in_memory):
     summary, steps = in_memory
     returned = ins.run_grid(STORE, data, out=tmp_path / "results" / "s.csv", show_progress=False)
     stored = ins.read_runs("s", start=tmp_path)
-    assert stored.runs.device.str.startswith("CPU (1 threads").all() and len(stored.runs) == 12
+    assert stored.runs.device.str.startswith("CPU (1 thread,").all() and len(stored.runs) == 12
     pd.testing.assert_frame_equal(stored.runs.drop(columns="device"), summary, check_exact=True)
     pd.testing.assert_frame_equal(returned.drop(columns="device"), summary, check_exact=True)
     pd.testing.assert_frame_equal(stored.steps.drop(columns="device"), _kept(steps), check_exact=True)

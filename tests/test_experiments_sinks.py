@@ -59,7 +59,7 @@ def tiny(monkeypatch):
 def test_stored_runs_equal_the_in_memory_grid(tmp_path, live):
     out = tmp_path / "s.csv"
     stored = run_grid(TINY, out=out, device="cpu", show_progress=False)
-    assert list(stored.columns) == [*live.columns, "device"] and stored["device"].str.startswith("CPU (1 threads").all()
+    assert list(stored.columns) == [*live.columns, "device"] and stored["device"].str.startswith("CPU (1 thread,").all()
     pd.testing.assert_frame_equal(stored.drop(columns=[*TIMING, "device"]), live.drop(columns=TIMING),
                                   check_exact=True)
     runs = pd.read_csv(out)
@@ -138,7 +138,7 @@ def test_main_writes_the_store_and_only_picks_conditions(tmp_path, tiny):
                      "--only", "softmax_one,learned sink"])
     runs = pd.read_csv(out)
     assert sorted(runs.condition) == ["learned sink", "softmax_one"] and runs.seed.tolist() == [0, 0]
-    assert runs.device.str.startswith("CPU (1 threads").all()          # the CPU unless told otherwise
+    assert runs.device.str.startswith("CPU (1 thread,").all()          # the CPU unless told otherwise
     assert set(frame.condition) == {"learned sink", "softmax_one"} and len(frame) == len(pd.read_csv(
         tmp_path / "s_groups.csv"))
     meta = json.loads(out.with_suffix(".json").read_text())

@@ -137,8 +137,13 @@ def test_attention_heatmap_errors():
 
 
 def test_book_style_applies():
-    plotting.use_book_style()
-    assert matplotlib.rcParams["axes.spines.top"] is False
+    import pandas as pd
+
+    with pd.option_context("display.max_colwidth", 50):
+        plotting.use_book_style()
+        assert matplotlib.rcParams["axes.spines.top"] is False
+        text = pd.DataFrame({"config": ["x" * 120]}).to_string()
+        assert "x" * 120 in text and "..." not in text
 
 
 def test_progress_bar_writes_to_stdout_without_ipywidgets(capsys, monkeypatch):
@@ -172,3 +177,31 @@ def test_run_tasks_in_process_and_in_workers():
     assert list(lazy) == expected and len(calls) == 6
     assert list(runtime.run_tasks(pow, arguments, workers=2)) == expected
     assert sorted(runtime.run_tasks(pow, arguments, workers=2, ordered=False)) == expected
+
+
+def test_describe_device_counts_threads_in_words(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert runtime.describe_device("cpu").startswith("CPU (1 thread, ")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert runtime.describe_device("cpu").startswith("CPU (4 threads, ")
+
+
+@pytest.mark.parametrize("n, expected", [(0, "0 seeds"), (1, "1 seed"), (2, "2 seeds"), (np.int64(1), "1 seed")])
+def test_plural(n, expected):
+    assert runtime.plural(n, "seed") == expected
+
+
+def test_plural_irregular_and_errors():
+    assert runtime.plural(2, "child", "children") == "2 children" and runtime.plural(1, "child", "children") == "1 child"
+    for bad in (1.0, "2", True):
+        with pytest.raises(TypeError, match="n must be an integer count"):
+            runtime.plural(bad, "seed")
+
+
+def test_listing():
+    assert runtime.listing([3]) == "3"
+    assert runtime.listing(["a", "b"]) == "a and b"
+    assert runtime.listing(x for x in (0, 1, 2)) == "0, 1 and 2"
+    assert runtime.listing(["x", "y"], "or") == "x or y"
+    with pytest.raises(ValueError, match="items is empty"):
+        runtime.listing([])

@@ -17,7 +17,7 @@ import torch
 from attnbook.data import translation
 from attnbook.data.translation import load_tatoeba, prepare_translation, split_by_source, tatoeba_path
 from attnbook.experiments import seq2seq as experiment
-from attnbook.experiments.seq2seq import (Seq2SeqConfig, corpus_bleu, held_out_sources, length_bucket,
+from attnbook.experiments.seq2seq import (Seq2SeqConfig, corpus_bleu, held_out_sources, length_bucket, paired_bleu_p,
                                           make_batches)
 from attnbook.seq2seq import make_seq2seq
 from attnbook.text import BOS_ID, EOS_ID, PAD_ID, tokenize
@@ -140,6 +140,48 @@ def test_corpus_bleu_matches_sacrebleu_and_handles_variable_references():
         corpus_bleu(hyps, [["x"]])
     with pytest.raises(ValueError, match="every sentence needs at least one reference"):
         corpus_bleu(hyps, [["x"], []])
+
+
+def _bleu_pair(n=40):
+    """Two systems for the same n sentences: one right on every sentence, one right on every other."""
+    rng = np.random.default_rng(0)
+    words = ["el", "gato", "perro", "come", "en", "la", "casa", "grande", "tom", "está", "aquí", "hoy"]
+    refs = [[" ".join(rng.choice(words, size=6))] for _ in range(n)]
+    good = [r[0] for r in refs]
+    half = [r[0] if i % 2 else " ".join(rng.choice(words, size=6)) for i, r in enumerate(refs)]
+    return good, half, refs
+
+
+def test_paired_bleu_p_against_an_independent_bootstrap():
+    good, half, refs = _bleu_pair()
+    assert paired_bleu_p(good, good, refs, n_samples=200) == 1.0  # no difference at all
+    assert paired_bleu_p(half, good, refs, n_samples=200) < 0.01
+    # a pair two sentences apart (p near 0.1), against the test written out with corpus_bleu on resampled sentences
+    good, half, refs = _bleu_pair(100)
+    close = [g if i % 50 else h for i, (g, h) in enumerate(zip(good, half))]
+    rng, n = np.random.default_rng(1), len(good)
+    diff = abs(corpus_bleu(close, refs) - corpus_bleu(good, refs))
+    boot = []
+    for _ in range(400):
+        idx = rng.integers(0, n, n)
+        pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+        boot.append(abs(corpus_bleu(pick(close), pick(refs)) - corpus_bleu(pick(good), pick(refs))))
+    boot = np.array(boot)
+    independent = ((boot - boot.mean() > diff).sum() + 1) / (len(boot) + 1)
+    assert 0.05 < independent < 0.2
+    assert paired_bleu_p(good, close, refs, n_samples=400) == pytest.approx(independent, abs=0.04)
+
+
+def test_paired_bleu_p_errors():
+    good, half, refs = _bleu_pair(4)
+    with pytest.raises(ValueError, match="baseline has 4 outputs but system has 3"):
+        paired_bleu_p(good, half[:3], refs)
+    with pytest.raises(ValueError, match="4 hypotheses but 3 reference lists"):
+        paired_bleu_p(good, half, refs[:3])
+    with pytest.raises(ValueError, match="at least 2 sentences"):
+        paired_bleu_p(good[:1], half[:1], refs[:1])
+    with pytest.raises(ValueError, match="n_samples must be >= 1, got 0"):
+        paired_bleu_p(good, half, refs, n_samples=0)
 
 
 def test_length_bucket():

@@ -1,4 +1,4 @@
-"""The book's one plot style, and token-labelled attention heatmaps.
+"""The book's one plot style (and its table display), and token-labelled attention heatmaps.
 
 Every chapter calls :func:`use_book_style` once; every attention heatmap goes through :func:`attention_heatmap`,
 so its axes are labelled with the tokens (or positions) that the weights belong to.
@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-__all__ = ["use_book_style", "attention_heatmap", "BOOK_STYLE"]
+__all__ = ["use_book_style", "attention_heatmap", "BOOK_STYLE", "TABLE_OPTIONS"]
 
 #: rcParams shared by every figure in the book.
 BOOK_STYLE = {
@@ -34,9 +34,19 @@ BOOK_STYLE = {
 }
 
 
+#: pandas display options for the book's tables: no entry of a configuration or a sample translation is cut to
+#: "..." (pandas cuts cells at 50 characters and hides columns past 20 by default).
+TABLE_OPTIONS = {"display.max_colwidth": 200, "display.max_columns": 40}
+
+
 def use_book_style() -> None:
-    """Apply :data:`BOOK_STYLE` to matplotlib's global rcParams (idempotent)."""
+    """Apply :data:`BOOK_STYLE` to matplotlib's global rcParams and :data:`TABLE_OPTIONS` to pandas' display
+    options (idempotent)."""
+    import pandas as pd
+
     mpl.rcParams.update(BOOK_STYLE)
+    for option, value in TABLE_OPTIONS.items():
+        pd.set_option(option, value)
 
 
 def attention_heatmap(

@@ -2,7 +2,7 @@
 
 The book runs in one of two modes (see the README, section "Two modes"):
 
-- ``quick``: sized for a 2-core CPU, every chapter in about a minute.
+- ``quick``: sized for a 2-core CPU, every chapter in at most a few minutes.
 - ``full``: sized as the papers do, for a GPU.
 
 The mode comes from the environment variable ``ATTNBOOK_MODE`` (``quick`` or ``full``). When it is unset,
@@ -53,11 +53,13 @@ def get_device() -> torch.device:
 
 
 def describe_device(device: torch.device | str | None = None) -> str:
-    """A human-readable name for ``device``, e.g. ``"CPU (2 threads)"`` or ``"NVIDIA H100 80GB HBM3"``."""
+    """A human-readable name for ``device``, e.g. ``"CPU (2 threads, x86_64)"``, ``"CPU (1 thread, x86_64)"`` or
+    ``"NVIDIA H100 80GB HBM3"``. Runs stored before 2026-11-24 spell one thread ``"1 threads"``; both begin with
+    ``"CPU ("``, which is all :func:`attnbook.store.device_kind` reads."""
     device = torch.device(device) if device is not None else get_device()
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({torch.get_num_threads()} threads, {platform.machine()})"
+    return f"CPU ({plural(torch.get_num_threads(), 'thread')}, {platform.machine()})"
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -292,6 +294,33 @@ class ModeConfig:
         if mode not in MODES:
             raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
         return cls.quick() if mode == "quick" else cls.full()
+
+
+def plural(n: int, noun: str, plural_form: str | None = None) -> str:
+    """``n`` and ``noun``, in the plural unless ``n`` is 1: ``plural(1, "seed")`` is ``"1 seed"``,
+    ``plural(3, "seed")`` is ``"3 seeds"``, ``plural(2, "child", "children")`` is ``"2 children"``. For glued
+    prose, so that no page reads "1 runs" or "run(s)".
+
+    Raises:
+        TypeError: ``n`` is not an integer (a bool, a float or a string): a count is needed.
+    """
+    if isinstance(n, bool) or not isinstance(_plain(n), int):
+        raise TypeError(f"n must be an integer count, got {n!r} ({type(n).__name__})")
+    n = int(_plain(n))
+    return f"{n} {noun if n == 1 else plural_form or noun + 's'}"
+
+
+def listing(items: Iterable[Any], conjunction: str = "and") -> str:
+    """The items as English prose: ``"a"``, ``"a and b"``, ``"a, b and c"`` (no serial comma, as in the book's
+    prose). Each item is written with ``str``. For glued prose that names seeds, arms or models.
+
+    Raises:
+        ValueError: ``items`` is empty: a sentence that lists nothing needs other words, which the caller chooses.
+    """
+    words = [str(item) for item in items]
+    if not words:
+        raise ValueError("items is empty: there is nothing to list")
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {conjunction} {words[-1]}"
 
 
 def is_number(value: Any) -> bool:

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
 from ..provenance import provenance
-from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, listing, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
 from ..store import (Layout, ResultsStore, Session, StoreError, config_differences, csv_path, device_arg,
                      positive_int, read_tables)
@@ -51,7 +51,7 @@ __all__ = [
     "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
     "token_accuracy", "length_bucket", "evaluate_model", "attention_spread", "attention_collapse", "run_experiment",
     "main", "LAYOUT", "LR_SCHEDULES", "StoredRuns", "read_runs", "stored_status", "length_gap_change",
-    "describe_stored",
+    "describe_stored", "paired_bleu_p",
 ]
 
 
@@ -351,15 +351,54 @@ def corpus_bleu(hypotheses: list[str], references: list[list[str]]) -> float:
     """
     import sacrebleu
 
+    if not hypotheses and not references:
+        return float("nan")
+    streams = _reference_streams(hypotheses, references)
+    return float(sacrebleu.corpus_bleu(hypotheses, streams, lowercase=True).score)
+
+
+def _reference_streams(hypotheses: list[str], references: list[list[str]]) -> list[list[str | None]]:
+    """sacreBLEU's layout of a variable number of references per sentence: stream ``i`` holds every sentence's
+    ``i``-th reference, or None where a sentence has fewer."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} reference lists")
     if any(len(r) == 0 for r in references):
         raise ValueError("every sentence needs at least one reference")
-    if not hypotheses:
-        return float("nan")
-    n_streams = max(len(r) for r in references)
-    streams = [[r[i] if i < len(r) else None for r in references] for i in range(n_streams)]
-    return float(sacrebleu.corpus_bleu(hypotheses, streams, lowercase=True).score)
+    n_streams = max((len(r) for r in references), default=0)
+    return [[r[i] if i < len(r) else None for r in references] for i in range(n_streams)]
+
+
+def paired_bleu_p(baseline: list[str], system: list[str], references: list[list[str]],
+                  n_samples: int = 1000) -> float:
+    """The p-value of sacreBLEU's paired bootstrap test (Koehn 2004; sacreBLEU's ``PairedTest`` with
+    ``test_type="bs"``) for the difference in corpus BLEU between two systems' detokenized outputs for the *same*
+    sentences, scored as :func:`corpus_bleu` scores them (case-insensitive, all references). It resamples the
+    sentences ``n_samples`` times; sacreBLEU fixes its random seed (``SACREBLEU_SEED``, default 12345), so the
+    value is reproducible. It measures the noise of *these sentences* for *these two outputs*: it says nothing
+    about seeds. Two outputs with the same corpus BLEU get p = 1 (sacreBLEU counts only resampled differences
+    *above* the observed one, which gives a zero difference the smallest p it can, ``1 / (n_samples + 1)``).
+    Chapter 4, exercise "ex-seq2seq-length-penalty".
+
+    Raises:
+        ValueError: the two systems or the references differ in number, a sentence has no reference, there are
+            fewer than 2 sentences, or ``n_samples`` < 1.
+    """
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if len(baseline) != len(system):
+        raise ValueError(f"baseline has {len(baseline)} outputs but system has {len(system)}")
+    streams = _reference_streams(system, references)
+    if len(system) < 2:
+        raise ValueError(f"a paired bootstrap needs at least 2 sentences, got {len(system)}")
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    if corpus_bleu(list(baseline), references) == corpus_bleu(list(system), references):
+        return 1.0
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU(lowercase=True)},
+                      streams, test_type="bs", n_samples=n_samples)
+    _, scores = test()
+    return float(scores["BLEU"][1].p_value)
 
 
 @torch.no_grad()
@@ -781,14 +820,11 @@ def describe_stored(runs: pd.DataFrame, models: Sequence[str], seeds: Sequence[i
     if stored.empty:
         return f"none of the {total} runs"
 
-    def listed(values: list[int]) -> str:
-        return str(values[0]) if len(values) == 1 else ", ".join(map(str, values[:-1])) + f" and {values[-1]}"
-
     parts = []
     for kind in models:
         have = sorted(int(s) for s in stored.loc[stored["model"] == kind, "seed"])
         if have:
-            parts.append(f"{names.get(kind, kind)}, seed{'s' if len(have) > 1 else ''} {listed(have)}")
+            parts.append(f"{names.get(kind, kind)}, seed{'s' if len(have) > 1 else ''} {listing(have)}")
     return f"{len(stored)} of the {total} runs ({'; '.join(parts)})"
 
 
