@@ -139,11 +139,12 @@ def test_attention_heatmap_errors():
 def test_book_style_applies():
     import pandas as pd
 
-    with pd.option_context("display.max_colwidth", 50):
+    with pd.option_context("display.max_colwidth", 50, "display.max_columns", 20), matplotlib.rc_context():
         plotting.use_book_style()
         assert matplotlib.rcParams["axes.spines.top"] is False
-        text = pd.DataFrame({"config": ["x" * 120]}).to_string()
+        text = repr(pd.DataFrame({"config": ["x" * 120]}))  # what a notebook shows
         assert "x" * 120 in text and "..." not in text
+        assert "..." not in repr(pd.DataFrame([range(30)]))
 
 
 def test_progress_bar_writes_to_stdout_without_ipywidgets(capsys, monkeypatch):
@@ -193,9 +194,18 @@ def test_plural(n, expected):
 
 def test_plural_irregular_and_errors():
     assert runtime.plural(2, "child", "children") == "2 children" and runtime.plural(1, "child", "children") == "1 child"
-    for bad in (1.0, "2", True):
+    for bad in (1.0, "2", True, np.bool_(True)):
         with pytest.raises(TypeError, match="n must be an integer count"):
             runtime.plural(bad, "seed")
+    with pytest.raises(ValueError, match="n must be a count >= 0, got -1"):
+        runtime.plural(-1, "seed")
+
+
+def test_device_label_mends_the_old_spelling_only():
+    assert runtime.device_label("CPU (1 threads, x86_64)") == "CPU (1 thread, x86_64)"
+    assert runtime.device_label("CPU (11 threads, x86_64)") == "CPU (11 threads, x86_64)"
+    assert runtime.device_label("NVIDIA H100 80GB HBM3") == "NVIDIA H100 80GB HBM3"
+    assert runtime.device_label(None) == "None"
 
 
 def test_listing():

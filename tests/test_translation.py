@@ -155,6 +155,12 @@ def _bleu_pair(n=40):
 def test_paired_bleu_p_against_an_independent_bootstrap():
     good, half, refs = _bleu_pair()
     assert paired_bleu_p(good, good, refs, n_samples=200) == 1.0  # no difference at all
+    # different outputs with the same corpus BLEU: one wrong sentence, in one of two sentences with the same reference
+    same_refs = [refs[0]] + refs[:-1]
+    first = [half[0]] + [r[0] for r in same_refs[1:]]
+    second = [same_refs[0][0], half[0]] + [r[0] for r in same_refs[2:]]
+    assert first != second and corpus_bleu(first, same_refs) == corpus_bleu(second, same_refs) < 100
+    assert paired_bleu_p(first, second, same_refs, n_samples=200) == 1.0
     assert paired_bleu_p(half, good, refs, n_samples=200) < 0.01
     # a pair two sentences apart (p near 0.1), against the test written out with corpus_bleu on resampled sentences
     good, half, refs = _bleu_pair(100)

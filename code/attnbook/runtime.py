@@ -15,6 +15,7 @@ import importlib.util
 import os
 import platform
 import random
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -54,12 +55,20 @@ def get_device() -> torch.device:
 
 def describe_device(device: torch.device | str | None = None) -> str:
     """A human-readable name for ``device``, e.g. ``"CPU (2 threads, x86_64)"``, ``"CPU (1 thread, x86_64)"`` or
-    ``"NVIDIA H100 80GB HBM3"``. Runs stored before 2026-11-24 spell one thread ``"1 threads"``; both begin with
-    ``"CPU ("``, which is all :func:`attnbook.store.device_kind` reads."""
+    ``"NVIDIA H100 80GB HBM3"``. Runs stored before 2026-11-24 spell one thread ``"1 threads"``
+    (:func:`device_label` mends that for prose); both begin with ``"CPU"``, which is all
+    :func:`attnbook.store.device_kind` reads (case-insensitively)."""
     device = torch.device(device) if device is not None else get_device()
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({plural(torch.get_num_threads(), 'thread')}, {platform.machine()})"
+
+
+def device_label(device: object) -> str:
+    """A stored run's ``device`` entry, as prose shows it: :func:`describe_device`'s current spelling, so that a
+    record written before 2026-11-24 (``"CPU (1 threads, x86_64)"``) reads ``"CPU (1 thread, x86_64)"``. The
+    stored record itself is left as it is. Anything else is returned as ``str(device)``."""
+    return re.sub(r"\b1 threads\b", "1 thread", str(device))
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -303,10 +312,13 @@ def plural(n: int, noun: str, plural_form: str | None = None) -> str:
 
     Raises:
         TypeError: ``n`` is not an integer (a bool, a float or a string): a count is needed.
+        ValueError: ``n`` is negative.
     """
-    if isinstance(n, bool) or not isinstance(_plain(n), int):
+    if isinstance(_plain(n), bool) or not isinstance(_plain(n), int):
         raise TypeError(f"n must be an integer count, got {n!r} ({type(n).__name__})")
     n = int(_plain(n))
+    if n < 0:
+        raise ValueError(f"n must be a count >= 0, got {n}")
     return f"{n} {noun if n == 1 else plural_form or noun + 's'}"
 
 

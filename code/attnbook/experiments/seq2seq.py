@@ -374,9 +374,11 @@ def paired_bleu_p(baseline: list[str], system: list[str], references: list[list[
     ``test_type="bs"``) for the difference in corpus BLEU between two systems' detokenized outputs for the *same*
     sentences, scored as :func:`corpus_bleu` scores them (case-insensitive, all references). It resamples the
     sentences ``n_samples`` times; sacreBLEU fixes its random seed (``SACREBLEU_SEED``, default 12345), so the
-    value is reproducible. It measures the noise of *these sentences* for *these two outputs*: it says nothing
-    about seeds. Two outputs with the same corpus BLEU get p = 1 (sacreBLEU counts only resampled differences
-    *above* the observed one, which gives a zero difference the smallest p it can, ``1 / (n_samples + 1)``).
+    value is reproducible (unless that variable is set to ``0`` or ``none``, which leaves it unseeded). The test is
+    two-sided: it compares absolute differences, and p lies in ``[1 / (n_samples + 1), 1]``. It measures the noise
+    of *these sentences* for *these two outputs*: it says nothing about seeds. Two outputs with the same corpus BLEU
+    get p = 1, since the observed difference is zero (sacreBLEU itself would give identical outputs the smallest p,
+    ``1 / (n_samples + 1)``, because it counts only resampled differences strictly above the observed one).
     Chapter 4, exercise "ex-seq2seq-length-penalty".
 
     Raises:
