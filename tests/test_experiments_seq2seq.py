@@ -146,6 +146,30 @@ def test_sigterm_ends_the_command_line_with_143(tmp_path, tiny, monkeypatch):
     assert json.loads((tmp_path / "s.json").read_text())["sessions"][-1]["status"] == "interrupted"
 
 
+def test_cpu_preset_is_full_modes_data_at_smaller_sizes(tmp_path, monkeypatch):
+    full, cpu = ex.Seq2SeqConfig.full(), ex.Seq2SeqConfig.cpu()
+    # the same pairs, split, test sentences and length groups as full mode: only the sizes differ
+    data_fields = ("max_src_len", "max_tgt_len", "n_train", "n_valid", "n_test", "min_freq", "covered_only",
+                   "split_seed", "length_edges", "beam_size", "length_penalty", "max_decode_len", "seeds",
+                   "luong_scaled")
+    assert all(getattr(cpu, k) == getattr(full, k) for k in data_fields)
+    assert (cpu.max_src_vocab, cpu.max_tgt_vocab, cpu.embed_size, cpu.hidden_size, cpu.attention_size) == \
+        (6_000, 8_000, 128, 256, 256)
+    assert (cpu.epochs, cpu.lr, cpu.lr_schedule, cpu.batch_size, cpu.num_threads) == (2, 3e-3, "constant", 64, 1)
+    # --mode cpu chooses it, and the data are not loaded before the arguments are checked
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    def record(self):
+        seen["cfg"] = self
+        raise SystemExit(7)
+
+    monkeypatch.setattr(ex.Seq2SeqConfig, "data", record)
+    with pytest.raises(SystemExit):
+        ex.main(["--mode", "cpu", "--out", "s.csv", "--device", "cpu", "--models", "none"])
+    assert replace(seen["cfg"], models=cpu.models, seeds=cpu.seeds) == cpu
+
+
 def test_stored_status_says_missing_used_or_which_entries_differ():
     cfg = ex.Seq2SeqConfig.quick()
     assert ex.stored_status(None, asdict(cfg)) == "missing"

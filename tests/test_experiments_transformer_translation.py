@@ -72,6 +72,17 @@ def test_presets_take_chapter_4s_quick_data_and_bahdanau_model():
     assert ex.TranslationConfig.for_mode("full") == full
 
 
+def test_cpu_preset_shares_chapter_4s_cpu_runs():
+    cpu, ch4cpu = ex.TranslationConfig.cpu(), Seq2SeqConfig.cpu()
+    for name in ex.SHARED_FIELDS:
+        assert getattr(cpu, name) == getattr(ch4cpu, name), name
+    # its Bahdanau runs are chapter 4's CPU-mode runs: the same configuration, up to the entries that choose runs
+    differences = {k for k, v in asdict(cpu.baseline_config()).items() if asdict(ch4cpu)[k] != v}
+    assert differences <= set(ch4.LAYOUT.not_configuration)
+    assert (cpu.d_model, cpu.nhead, cpu.num_layers, cpu.dim_feedforward, cpu.dropout) == (128, 4, 3, 512, 0.1)
+    assert (cpu.lr, cpu.warmup_steps, cpu.label_smoothing, cpu.epochs) == (2e-3, 400, 0.1, 2)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"models": ()}, r"models must be a non-empty selection of \['transformer', 'bahdanau'\], got \(\)"),
     ({"models": ("transformer", "gru")}, r"models must be a non-empty selection .* got \('transformer', 'gru'\)"),

@@ -780,7 +780,7 @@ def length_gap_change(by_length: pd.DataFrame, value: str = "token_acc", *, mode
         ValueError: a missing column, a (model, seed, length) row that occurs twice, or ``first``/``last`` not a
             group of the table.
 
-    Chapter 4, sections "The bottleneck: quality against source length" and "Full-size runs (stored)".
+    Chapter 4, sections "The bottleneck: quality against source length" and "Runs on all pairs (stored)".
     """
     missing = sorted({"model", "seed", "length", "sentences", value} - set(by_length.columns))
     if missing:
@@ -821,7 +821,7 @@ def describe_stored(runs: pd.DataFrame, models: Sequence[str], seeds: Sequence[i
     Raises:
         ValueError: ``runs`` lacks ``model`` or ``seed``, or ``models`` or ``seeds`` is empty.
 
-    Chapter 4, section "Full-size runs (stored)".
+    Chapter 4, section "Runs on all pairs (stored)".
     """
     missing = sorted({"model", "seed"} - set(runs.columns))
     if missing:
