@@ -155,7 +155,7 @@ def test_cpu_preset_is_full_modes_data_at_smaller_sizes(tmp_path, monkeypatch):
     assert all(getattr(cpu, k) == getattr(full, k) for k in data_fields)
     assert (cpu.max_src_vocab, cpu.max_tgt_vocab, cpu.embed_size, cpu.hidden_size, cpu.attention_size) == \
         (6_000, 8_000, 128, 256, 256)
-    assert (cpu.epochs, cpu.lr, cpu.lr_schedule, cpu.batch_size, cpu.num_threads) == (2, 3e-3, "constant", 64, 1)
+    assert (cpu.epochs, cpu.lr, cpu.lr_schedule, cpu.batch_size, cpu.num_threads) == (3, 3e-3, "constant", 64, 1)
     # --mode cpu chooses it, and the data are not loaded before the arguments are checked
     monkeypatch.chdir(tmp_path)
     seen = {}

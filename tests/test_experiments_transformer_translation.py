@@ -80,7 +80,7 @@ def test_cpu_preset_shares_chapter_4s_cpu_runs():
     differences = {k for k, v in asdict(cpu.baseline_config()).items() if asdict(ch4cpu)[k] != v}
     assert differences <= set(ch4.LAYOUT.not_configuration)
     assert (cpu.d_model, cpu.nhead, cpu.num_layers, cpu.dim_feedforward, cpu.dropout) == (128, 4, 3, 512, 0.1)
-    assert (cpu.lr, cpu.warmup_steps, cpu.label_smoothing, cpu.epochs) == (2e-3, 400, 0.1, 2)
+    assert (cpu.lr, cpu.warmup_steps, cpu.label_smoothing, cpu.epochs) == (2e-3, 400, 0.1, 3)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -207,7 +207,7 @@ class TranslationConfig(ModeConfig):
     def cpu(cls) -> "TranslationConfig":
         """All pairs at the sizes this project's 2-core CPU can store, chapter 4's :meth:`Seq2SeqConfig.cpu`
         (sources of up to 50 tokens, :meth:`full`'s split and test set, vocabularies of the 6,000 English and 8,000
-        Spanish tokens seen at least twice, batches of 64, 2 epochs, 3 seeds, one thread a run), whose Bahdanau
+        Spanish tokens seen at least twice, batches of 64, 3 epochs, 3 seeds, one thread a run), whose Bahdanau
         model (128-d embeddings, 256 units, dropout 0.1, Adam at a constant 3e-3) is the baseline, so chapter 4's
         ``results/seq2seq_cpu.csv`` holds its runs; and a Transformer of d_model 128, 4 heads, 3 + 3 pre-LN layers,
         feed-forward 512, dropout 0.1, Adam at 2e-3 after a linear warm-up over 400 steps (a fifth of the first
