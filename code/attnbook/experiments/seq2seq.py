@@ -150,10 +150,10 @@ class Seq2SeqConfig(ModeConfig):
         (constant as in quick mode, so that chapter 8's Transformer can share these Bahdanau runs), 3 seeds, one
         thread per run. It is what this project's CPU can store (``--mode cpu``, ``results/seq2seq_cpu.csv``):
         :meth:`full`'s sizes cost 2.6 s a step on one core, about 12 hours a run, these 0.25 s (measured alone,
-        15 steps); two runs side by side took 11 to 13 minutes an epoch. After 2 epochs (seed 0) the validation
-        loss still fell by 0.17 to 0.22 nats per token an epoch, and Bahdanau's model had only 26.5 greedy BLEU,
-        hence 3. The long sentences, which quick mode cuts off, are what it adds; its models are smaller than
-        Bahdanau et al.'s, which chapter 4 says where it uses them."""
+        15 steps); two runs side by side took 7 to 13 minutes an epoch, by what else ran. After 2 epochs (seed
+        0) the validation loss still fell by 0.17 to 0.22 nats per token an epoch, and Bahdanau's model had only
+        26.5 greedy BLEU, hence 3. The long sentences, which quick mode cuts off, are what it adds; its models are
+        smaller than Bahdanau et al.'s, which chapter 4 says where it uses them."""
         return replace(cls.full(), max_src_vocab=6_000, max_tgt_vocab=8_000, embed_size=128, hidden_size=256,
                        attention_size=256, dropout=0.1, batch_size=64, epochs=3, lr=3e-3, lr_schedule="constant",
                        num_threads=1)
