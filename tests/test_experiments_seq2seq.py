@@ -156,6 +156,8 @@ def test_cpu_preset_is_full_modes_data_at_smaller_sizes(tmp_path, monkeypatch):
     assert (cpu.max_src_vocab, cpu.max_tgt_vocab, cpu.embed_size, cpu.hidden_size, cpu.attention_size) == \
         (6_000, 8_000, 128, 256, 256)
     assert (cpu.epochs, cpu.lr, cpu.lr_schedule, cpu.batch_size, cpu.num_threads) == (3, 3e-3, "constant", 64, 1)
+    # a preset by name, and a class variable rather than a field: no part of a run's configuration
+    assert ex.Seq2SeqConfig.for_mode("cpu") == cpu and "extra_presets" not in asdict(cpu)
     # --mode cpu chooses it, and the data are not loaded before the arguments are checked
     monkeypatch.chdir(tmp_path)
     seen = {}

@@ -81,6 +81,7 @@ def test_cpu_preset_shares_chapter_4s_cpu_runs():
     assert differences <= set(ch4.LAYOUT.not_configuration)
     assert (cpu.d_model, cpu.nhead, cpu.num_layers, cpu.dim_feedforward, cpu.dropout) == (128, 4, 3, 512, 0.1)
     assert (cpu.lr, cpu.warmup_steps, cpu.label_smoothing, cpu.epochs) == (2e-3, 400, 0.1, 3)
+    assert ex.TranslationConfig.for_mode("cpu") == cpu and "extra_presets" not in asdict(cpu)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -255,6 +255,8 @@ def test_config_modes_and_errors():
     assert exp.NLIConfig.full().hidden_size == 200
     with pytest.raises(ValueError, match="mode must be 'quick' or 'full', got 'fast'"):
         exp.NLIConfig.for_mode("fast")
+    with pytest.raises(ValueError, match="mode must be 'quick' or 'full', got 'cpu'"):   # no CPU preset here
+        exp.NLIConfig.for_mode("cpu")
     with pytest.raises(ValueError, match="cfg.data must be 'generated' or 'snli', got 'mnli'"):
         exp.load_data(exp.NLIConfig(data="mnli"))
     with pytest.raises(ValueError, match="GloVe vectors here are 50-d"):

@@ -213,7 +213,7 @@ def test_configs():
             quick.epochs, quick.lr_schedule, quick.luong_scaled) == (35_000, 64, 128, 64, 5e-3, 1.0, 2, "constant",
                                                                        True)
     assert Seq2SeqConfig.for_mode("quick") == quick
-    with pytest.raises(ValueError, match="mode must be 'quick' or 'full', got 'fast'"):
+    with pytest.raises(ValueError, match="mode must be 'quick', 'full' or 'cpu', got 'fast'"):
         Seq2SeqConfig.for_mode("fast")
     with pytest.raises(ValueError, match=r"lr_schedule must be one of \('constant', 'linear'\), got 'cosine'"):
         replace(quick, lr_schedule="cosine")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from numbers import Number
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -290,19 +290,26 @@ def print_estimate(seconds: float | None, what: str = "the next cell") -> None:
 
 
 class ModeConfig:
-    """Mixin for an experiment's config dataclass that defines ``quick()`` and ``full()`` classmethods."""
+    """Mixin for an experiment's config dataclass that defines ``quick()`` and ``full()`` classmethods, and may
+    define more presets: each is a classmethod named in the class variable ``extra_presets`` (e.g. chapter 4's
+    ``Seq2SeqConfig.cpu()``, ``extra_presets = ("cpu",)``), which :meth:`for_mode` and the command lines'
+    ``--mode`` accept. A class variable, not a dataclass field: it is not part of a run's configuration."""
+
+    extra_presets: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def for_mode(cls, mode: str | None = None):
-        """``quick()`` or ``full()`` for ``mode`` (default: :func:`get_mode`).
+        """The preset named ``mode`` (default: :func:`get_mode`): ``quick()``, ``full()`` or one of
+        ``extra_presets``.
 
         Raises:
-            ValueError: ``mode`` is neither ``"quick"`` nor ``"full"``.
+            ValueError: ``mode`` names no preset of this class (the message lists those it has).
         """
         mode = mode or get_mode()
-        if mode not in MODES:
-            raise ValueError(f"mode must be 'quick' or 'full', got {mode!r}")
-        return cls.quick() if mode == "quick" else cls.full()
+        names = (*MODES, *cls.extra_presets)
+        if mode not in names:
+            raise ValueError(f"mode must be {listing([repr(n) for n in names], 'or')}, got {mode!r}")
+        return getattr(cls, mode)()
 
 
 def plural(n: int, noun: str, plural_form: str | None = None) -> str:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -140,6 +141,8 @@ class Seq2SeqConfig(ModeConfig):
                    hidden_size=1000, attention_size=1000, dropout=0.2, batch_size=80, epochs=10, lr=1e-3, clip=1.0,
                    max_decode_len=80, num_threads=None, seeds=(0, 1, 2),
                    length_edges=(4, 6, 8, 10, 13, 16, 20, 30))
+
+    extra_presets: ClassVar[tuple[str, ...]] = ("cpu",)   # ModeConfig.for_mode("cpu")
 
     @classmethod
     def cpu(cls) -> "Seq2SeqConfig":
@@ -937,7 +940,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     every_s = checkpoint_every_s(parser, args)
     mode = args.mode or get_mode()
-    cfg = Seq2SeqConfig.cpu() if mode == "cpu" else Seq2SeqConfig.for_mode(mode)
+    cfg = Seq2SeqConfig.for_mode(mode)
     overrides = {k: v for k, v in (("epochs", args.epochs), ("n_train", args.n_train), ("n_valid", args.n_valid),
                                    ("n_test", args.n_test),
                                    ("models", tuple(args.models) if args.models else None),

@@ -44,6 +44,7 @@ import argparse
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -202,6 +203,8 @@ class TranslationConfig(ModeConfig):
                    label_smoothing=0.1, epochs=10, embed_size=620, hidden_size=1000, baseline_attention_size=1000,
                    baseline_dropout=0.2, baseline_lr=1e-3, baseline_epochs=10, batch_size=80, max_decode_len=80,
                    num_threads=None, seeds=(0, 1, 2), length_edges=(4, 6, 8, 10, 13, 16, 20, 30))
+
+    extra_presets: ClassVar[tuple[str, ...]] = ("cpu",)   # ModeConfig.for_mode("cpu")
 
     @classmethod
     def cpu(cls) -> "TranslationConfig":
@@ -620,7 +623,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parser.parse_args(argv)
     every_s = checkpoint_every_s(parser, args)
     mode = args.mode or get_mode()
-    cfg = TranslationConfig.cpu() if mode == "cpu" else TranslationConfig.for_mode(mode)
+    cfg = TranslationConfig.for_mode(mode)
     overrides = {k: v for k, v in (("epochs", args.epochs), ("baseline_epochs", args.epochs),
                                    ("n_train", args.n_train), ("n_valid", args.n_valid), ("n_test", args.n_test),
                                    ("num_threads", args.threads),
