@@ -298,6 +298,12 @@ class ModeConfig:
     extra_presets: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
+    def presets(cls) -> tuple[str, ...]:
+        """The names :meth:`for_mode` accepts: ``("quick", "full")`` and then ``extra_presets``; the command
+        lines' ``--mode`` choices."""
+        return (*MODES, *cls.extra_presets)
+
+    @classmethod
     def for_mode(cls, mode: str | None = None):
         """The preset named ``mode`` (default: :func:`get_mode`): ``quick()``, ``full()`` or one of
         ``extra_presets``.
@@ -306,7 +312,7 @@ class ModeConfig:
             ValueError: ``mode`` names no preset of this class (the message lists those it has).
         """
         mode = mode or get_mode()
-        names = (*MODES, *cls.extra_presets)
+        names = cls.presets()
         if mode not in names:
             raise ValueError(f"mode must be {listing([repr(n) for n in names], 'or')}, got {mode!r}")
         return getattr(cls, mode)()

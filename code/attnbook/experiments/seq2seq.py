@@ -919,7 +919,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.seq2seq",
                                      description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["quick", "full", "cpu"], default=None,
+    parser.add_argument("--mode", choices=Seq2SeqConfig.presets(), default=None,
                         help="default: ATTNBOOK_MODE / device; cpu: all pairs at CPU sizes (Seq2SeqConfig.cpu)")
     parser.add_argument("--out", type=csv_path, default=Path("results/seq2seq_full.csv"),
                         help="the summary CSV; the others go beside it")

@@ -603,7 +603,7 @@ def main(argv: list[str] | None = None) -> Path:
     SIGTERM) records its session as interrupted and exits with 130 or 143."""
     parser = argparse.ArgumentParser(prog="python -m attnbook.experiments.transformer_translation",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=("quick", "full", "cpu"), default=None,
+    parser.add_argument("--mode", choices=TranslationConfig.presets(), default=None,
                         help="default: full on a GPU, else quick; cpu: all pairs at CPU sizes (TranslationConfig.cpu)")
     parser.add_argument("--out", type=csv_path, default=Path("results/transformer_translation_full.csv"))
     parser.add_argument("--device", type=device_arg, default=None, help="default: cuda if available, else cpu")
