@@ -123,8 +123,40 @@ def _register_singlehtml_visitors(app: Sphinx) -> None:
     app.add_node(HiddenCellNode, override=True, singlehtml=(_skip_node, None))
 
 
+def _visit_hidden_code_cell_print(self, node) -> None:
+    """myst-nb's ``HideCodeCellNode`` (a ``hide-input``, ``hide-output`` or ``hide-cell`` cell) in the PDF edition,
+    where nothing can be clicked open. What a reader of paper needs, per tag (README, "The PDF edition"):
+
+    - ``hide-input``: the source is set-up or bookkeeping the page summarizes in words: it is left out, and the
+      output, if any, is printed;
+    - ``hide-output`` and ``hide-cell``: the collapsed part is printed in full, without the "Show ..." summary, in a
+      box marked as collapsed on the website (``div.print-collapsed``).
+    """
+    only_source = "above-input" in node["classes"] and not any(
+        child.get("nb_element") == "cell_code_output" for child in node.children if isinstance(child, nodes.Element))
+    if only_source:
+        raise nodes.SkipNode
+    self.body.append('<div class="print-collapsed">\n')
+
+
+def _depart_hidden_code_cell_print(self, node) -> None:
+    self.body.append("</div>\n")
+
+
+def _register_print_visitors_for_hidden_cells(app: Sphinx) -> None:
+    """myst-nb registers its ``HideCodeCellNode`` visitors for the ``html`` builder only, so the ``singlehtml``
+    builder that the PDF is printed from stops at the node. Register the print visitors above for it."""
+    try:
+        from myst_nb.sphinx_ import HideCodeCellNode
+    except ImportError:  # pragma: no cover - jupyter-book always installs myst-nb
+        return
+    app.registry.add_translation_handlers(
+        HideCodeCellNode, singlehtml=(_visit_hidden_code_cell_print, _depart_hidden_code_cell_print))
+
+
 def setup(app: Sphinx) -> dict:
     _register_singlehtml_visitors(app)
+    _register_print_visitors_for_hidden_cells(app)
     app.connect("config-inited", _config_inited)
     # Early: a later html-page-context handler returns a template name, which stops the event (emit_firstresult).
     app.connect("html-page-context", _dedupe_scripts, priority=100)

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1200, help="seconds a cell may take")
     parser.add_argument("--record", action="store_true",
                         help="write the measured seconds to tools/execute_times.json (the order of later builds)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the executed notebooks into this folder instead of the cache (an author's check: "
+                             "python tools/page_rules.py OUT/NAME.ipynb)")
     parser.add_argument("only", nargs="*", type=Path, help="execute only these notebooks (default: the book's)")
     args = parser.parse_args(argv)
     import nbformat
@@ -103,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("MKL_NUM_THREADS", "1")
-    if not args.only:  # a whole build starts from an empty cache; a subset replaces only its own notebooks
+    if not args.only and args.out is None:  # a whole build starts from an empty cache; a subset replaces only its own notebooks
         shutil.rmtree(CACHE, ignore_errors=True)
-    cache = get_cache(str(CACHE))
+    cache = get_cache(str(CACHE)) if args.out is None else None
     notebooks = [p.resolve() for p in args.only] or book_notebooks()
     times = read_times()
     notebooks.sort(key=lambda path: expected_seconds(path, times), reverse=True)
@@ -118,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             if error is not None:
                 failed.append(name)
                 print(f"{name}: FAILED after {seconds:.1f} s\n{error}", file=sys.stderr, flush=True)
+                continue
+            if args.out is not None:
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / Path(path).name).write_text(executed)
+                print(f"{name}: {seconds:.1f} s, written to {args.out / Path(path).name}", flush=True)
                 continue
             nb = nbformat.reads(executed, as_version=4)
             cache.cache_notebook_bundle(CacheBundleIn(nb, path, data={"execution_seconds": seconds}),

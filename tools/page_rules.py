@@ -1,0 +1,193 @@
+"""The page rules of the book (README, "Contributing: how a page reads"), as code that checks a page.
+
+One list of patterns and limits, used in two places:
+- ``tests_site/test_reader_view.py`` and ``tests_site/test_page_rules.py`` apply them to the built website;
+- ``python tools/page_rules.py EXECUTED.ipynb [...]`` applies them to an executed notebook, with each glued value put
+  in place of its ``{glue:text}`` role, so that an author can check a chapter without building the whole book::
+
+      ATTNBOOK_NO_PROGRESS=1 .venv/bin/jupyter nbconvert --to notebook --execute \\
+          --output /tmp/ch05.ipynb chapters/05_seq2vec_masking.ipynb
+      .venv/bin/python tools/page_rules.py /tmp/ch05.ipynb
+
+The rules (issue "The pages teach, the appendix keeps the books"):
+- no bookkeeping phrase (:data:`BOOKKEEPING`) in a chapter's prose, captions or visible outputs: run bookkeeping lives
+  in the appendix page "How the numbers were made";
+- at most :data:`MAX_CODE_LINES_BEFORE_FIRST_SECTION` visible code lines before a chapter's first section;
+- a box whose title is a question answers it in at most :data:`MAX_QUESTION_BOX_WORDS` words of prose (tables and
+  notes follow the box).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+#: Phrases that belong to the appendix, not to a chapter: each name maps to a pattern matched against the text a
+#: reader sees (prose, captions and visible outputs; not code, and not the collapsed dropdowns).
+BOOKKEEPING: dict[str, re.Pattern] = {
+    "commit": re.compile(r"\b(?:the|which|a|each|its|at|same|one) commits?\b|\bcommits? [0-9a-f]{7}", re.I),
+    "commit hash": re.compile(r"(?<![\w.+-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w.+-])"),
+    "session": re.compile(r"\bsessions?\b", re.I),
+    "load average": re.compile(r"\bload averages?\b", re.I),
+    "worker count": re.compile(r"--workers\b|\bworkers\s*=|\b(?:\d+|one|two|three|four|eight|sixteen) workers?\b"
+                               r"|\bworkers? at a time\b", re.I),
+    "thread count": re.compile(r"\b(?:\d+|one|two|four) threads?\b|\bthreads? each\b|\bthreads?=|--threads\b", re.I),
+    "store file name": re.compile(r"\b[\w-]+\.(?:csv|json)\b"),
+    "results folder": re.compile(r"\bresults/"),
+    "the store": re.compile(r"\b(?:the|this|that|a|each|its|their|one) stores?\b", re.I),
+    "run date": re.compile(r"\b20\d\d-\d\d-\d\d\b"),
+    "machine name": re.compile(r"\b(?:H100|H200|A100|x86_64|aarch64)\b"),
+    "CPU/GPU runs": re.compile(r"\b(?:CPU|GPU)[- ](?:runs?|sessions?)\b", re.I),
+    "internal target": re.compile(r"\b(?:within|inside|meets?|met|missed?) the target\b|\btarget of\b", re.I),
+    "placeholder": re.compile(r"\bnot (?:yet )?produced\b|\bproduced yet\b", re.I),
+    "run information": re.compile(r"\bRun information\b", re.I),
+}
+
+MAX_CODE_LINES_BEFORE_FIRST_SECTION = 25
+MAX_QUESTION_BOX_WORDS = 120
+#: Tags that keep a code cell's source off the page (a ``hide-input`` cell shows a one-line summary instead).
+HIDDEN_SOURCE_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
+
+
+def bookkeeping(text: str) -> list[tuple[str, str]]:
+    """``(rule, matched text with some context)`` for every bookkeeping phrase in ``text``."""
+    found = []
+    for name, pattern in BOOKKEEPING.items():
+        for match in pattern.finditer(text):
+            start, end = max(0, match.start() - 40), min(len(text), match.end() + 40)
+            found.append((name, " ".join(text[start:end].split())))
+    return found
+
+
+def words(text: str) -> int:
+    """The number of words in ``text`` (whitespace-separated tokens that contain a letter or a digit)."""
+    return sum(1 for token in text.split() if re.search(r"[A-Za-z0-9]", token))
+
+
+# --- on an executed notebook -----------------------------------------------------------------------------------
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def glued_values(notebook: dict) -> dict[str, str]:
+    """``{name: text/plain}`` of every value the notebook glued."""
+    values = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            scrap = output.get("metadata", {}).get("scrapbook", {})
+            if "name" in scrap:
+                prefix = scrap.get("mime_prefix", "")
+                values[scrap["name"]] = "".join(output.get("data", {}).get(f"{prefix}text/plain", ""))
+    return values
+
+
+def _format(value: str, spec: str) -> str:
+    text = value.strip("'\"")
+    if not spec:
+        return text
+    try:
+        return format(float(value), spec)
+    except ValueError:
+        return text
+
+
+def render_glue(markdown: str, values: dict[str, str]) -> str:
+    """``markdown`` with each ``{glue:text}`name:spec``` (and ``{glue}``) replaced by its glued value."""
+    def replace(match: re.Match) -> str:
+        name, _, spec = match.group(1).partition(":")
+        return _format(values.get(name, f"<{name}?>"), spec)
+    return re.sub(r"\{glue(?::text)?\}`([^`]+)`", replace, markdown)
+
+
+def _strip_markup(markdown: str) -> str:
+    """The prose of MyST markdown, roughly: no code, no directive lines or options, no tables, no roles' markup."""
+    out, stack = [], []  # stack of open fences: (fence, is_code)
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        if stack and stripped.startswith(stack[-1][0]) and stripped.strip("`:") == "":
+            stack.pop()
+            continue
+        opener = re.match(r"^(`{3,}|:{3,})(\{[\w:-]+\})?", stripped)
+        if opener and not (stack and stack[-1][1]):
+            directive = opener.group(2)
+            stack.append((opener.group(1), directive is None or directive in ("{code-cell}", "{code}",
+                                                                             "{code-block}", "{math}")))
+            continue
+        if stack and stack[-1][1]:
+            continue
+        if re.match(r"^:[\w-]+:", stripped) or stripped.startswith("|") or re.match(r"^\(([\w-]+)\)=$", stripped):
+            continue
+        if re.match(r"^\$\$", stripped):
+            continue
+        out.append(line)
+    text = "\n".join(out)
+    text = re.sub(r"\$\$.*?\$\$", " ", text, flags=re.S)
+    return re.sub(r"\{[\w:-]+\}`([^`<]*?)(?:<[^`>]*>)?`", r"\1", text)
+
+
+def question_boxes(markdown: str) -> list[tuple[str, str]]:
+    """``(title, body)`` of every admonition in ``markdown`` whose title ends with a question mark."""
+    boxes = []
+    pattern = re.compile(r"^(?P<fence>`{3,}|:{3,})\{(?:admonition|note|tip|important)\}[ \t]*(?P<title>[^\n]*\?)[ \t]*\n"
+                         r"(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
+    for match in pattern.finditer(markdown):
+        boxes.append((match.group("title").strip(), match.group("body")))
+    return boxes
+
+
+def box_prose_words(body: str) -> int:
+    """Words of prose in an admonition's body: directive options, tables and nested code left out."""
+    return words(_strip_markup(body))
+
+
+def check_notebook(notebook: dict, name: str = "") -> list[str]:
+    """The page rules broken by one executed notebook (empty when none)."""
+    problems = []
+    values = glued_values(notebook)
+    code_lines, first_section_seen = 0, False
+    for i, cell in enumerate(notebook.get("cells", [])):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell["cell_type"] == "markdown":
+            text = render_glue(_source(cell), values)
+            if re.search(r"^## ", text, re.M):
+                first_section_seen = True
+            for title, body in question_boxes(text):
+                n = box_prose_words(body)
+                if n > MAX_QUESTION_BOX_WORDS:
+                    problems.append(f"{name} cell {i}: the box {title!r} has {n} words of prose "
+                                    f"(at most {MAX_QUESTION_BOX_WORDS})")
+            for rule, context in bookkeeping(_strip_markup(text)):
+                problems.append(f"{name} cell {i}: {rule}: ...{context}...")
+        elif cell["cell_type"] == "code":
+            if not first_section_seen and not tags & HIDDEN_SOURCE_TAGS:
+                code_lines += len([line for line in _source(cell).splitlines() if line.strip()])
+            if tags & {"remove-cell", "remove-output", "hide-output", "hide-cell"}:
+                continue
+            for output in cell.get("outputs", []):
+                if output.get("metadata", {}).get("scrapbook"):
+                    continue
+                text = output.get("text") or "".join(output.get("data", {}).get("text/plain", ""))
+                text = "".join(text) if isinstance(text, list) else text
+                for rule, context in bookkeeping(text):
+                    problems.append(f"{name} cell {i} (output): {rule}: ...{context}...")
+    if code_lines > MAX_CODE_LINES_BEFORE_FIRST_SECTION:
+        problems.append(f"{name}: {code_lines} visible code lines before the first section "
+                        f"(at most {MAX_CODE_LINES_BEFORE_FIRST_SECTION})")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        raise SystemExit(__doc__)
+    problems = []
+    for path in argv:
+        problems += check_notebook(json.loads(Path(path).read_text()), Path(path).name)
+    print("\n".join(problems) if problems else "no page rule broken")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
