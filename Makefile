@@ -8,7 +8,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export PYTHONHASHSEED := 0
 
-.PHONY: book test unit notebooks clean venv site-test pdf chromium
+.PHONY: book test unit notebooks clean venv site-test pdf chromium poppler
 
 # The venv is (re)built when it is missing or older than the files that define it.
 $(STAMP): requirements.txt requirements-nodeps.txt code/pyproject.toml
@@ -44,11 +44,14 @@ notebooks: $(STAMP)
 site-test: $(STAMP) chromium
 	$(BIN)/python -m pytest tests_site -p no:nbval -o addopts="" -ra
 
-## make pdf: the whole book as one PDF (_build/pdf/attnbook.pdf), printed by headless Chromium.
-pdf: $(STAMP) chromium
-	rm -rf _build/singlehtml
+## make pdf: after `make book`, the whole book as one PDF (_build/pdf/attnbook.pdf), printed by headless Chromium
+## from the single-page edition (which reuses the executed notebooks of `make book`), then checked
+## (tools/check_pdf.py: page count, every title, no raw markup, every figure).
+pdf: $(STAMP) chromium poppler
+	rm -rf _build/singlehtml _build/pdf
 	$(BIN)/jupyter-book build . --builder singlehtml -W -n --keep-going
 	$(BIN)/python tools/print_pdf.py _build/singlehtml _build/pdf/attnbook.pdf
+	$(BIN)/python tools/check_pdf.py _build/pdf/attnbook.pdf _build/singlehtml
 
 # Debian's chromium (Playwright's own browser download is not possible offline); installs it if missing.
 chromium:
@@ -59,3 +62,10 @@ chromium:
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis
+
+# Debian's poppler-utils (pdftotext, pdfinfo, pdfimages, pdftoppm): the PDF's contents page and its checks.
+poppler:
+	@command -v pdftotext >/dev/null 2>&1 || { \
+	  echo "installing Debian's poppler-utils"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq poppler-utils >/dev/null; }
