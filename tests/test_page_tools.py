@@ -55,6 +55,7 @@ def test_bookkeeping_patterns_find_what_the_issue_lists(text, rule):
     "Greedy decoding commits early: a choice that looks best now can be wrong later.",
     "SNLI's crowd workers wrote the hypotheses.",
     "Ring attention splits the keys across workers; each worker returns its partial sums.",
+    "Check that it works when one worker’s keys are all masked.",
     "max |ours - SDPA| = 8.881784e-16, and 1.298816e-06 in fp32",
     "The KV cache stores the keys and values of the prefix.",
     "Masked mean pooling against attention pooling: -0.44 points (95% CI -0.78 to -0.14).",

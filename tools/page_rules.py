@@ -31,7 +31,7 @@ BOOKKEEPING: dict[str, re.Pattern] = {
     "commit hash": re.compile(r"(?<![\w.+-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w.+-])"),
     "session": re.compile(r"\bsessions?\b", re.I),
     "load average": re.compile(r"\bload averages?\b", re.I),
-    "worker count": re.compile(r"--workers\b|\bworkers\s*=|\b(?:\d+|one|two|three|four|eight|sixteen) workers?\b"
+    "worker count": re.compile(r"--workers\b|\bworkers\s*=|\b(?:\d+|one|two|three|four|eight|sixteen) workers?\b(?!['’])"
                                r"|\bworkers? at a time\b", re.I),
     "thread count": re.compile(r"\b(?:\d+|one|two|four) threads?\b|\bthreads? each\b|\bthreads?=|--threads\b", re.I),
     "store file name": re.compile(r"\b[\w-]+\.(?:csv|json)\b"),

@@ -1,0 +1,107 @@
+"""The page rules (README, "Contributing: how a page reads"; tools/page_rules.py), checked on every chapter page of
+the built site in headless Chromium at 1280 x 900, as a reader sees it:
+
+- no code block scrolls sideways;
+- no bookkeeping phrase (commits, sessions, store files, worker counts, ...) in the prose, captions or visible
+  outputs (code cells' sources, code blocks and the references left out; collapsed dropdowns are not visible);
+- at most 25 visible code lines before the chapter's first section;
+- every box whose title is a question answers it in at most 120 words of prose.
+
+Run with ``make site-test`` after ``make book``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conftest import HTML, ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import page_rules  # noqa: E402
+
+CHAPTER_PAGES = sorted(p.relative_to(HTML).as_posix() for p in (HTML / "chapters").glob("*.html"))
+
+#: Measures one page; returns what the tests below need.
+MEASURE_JS = """
+() => {
+  const article = document.querySelector('article.bd-article');
+  const visible = e => e.offsetParent !== null || e.getClientRects().length > 0;
+  const wide = Array.from(article.querySelectorAll('pre'))
+    .filter(p => visible(p) && p.scrollWidth > p.clientWidth + 1)
+    .map(p => ({width: p.scrollWidth, client: p.clientWidth,
+                line: p.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '')}));
+  const firstSection = article.querySelector('section section > h2, section h2');
+  const before = e => !firstSection ||
+    (e.compareDocumentPosition(firstSection) & Node.DOCUMENT_POSITION_FOLLOWING);
+  const codeLines = Array.from(article.querySelectorAll('.cell_input pre'))
+    .filter(p => visible(p) && before(p))
+    .reduce((n, p) => n + p.textContent.split('\\n').filter(l => l.trim()).length, 0);
+  const boxes = Array.from(article.querySelectorAll('.admonition')).map(box => {
+    const title = box.querySelector(':scope > .admonition-title');
+    if (!title || !title.innerText.trim().endsWith('?')) return null;
+    const copy = box.cloneNode(true);
+    copy.querySelectorAll(':scope > .admonition-title, table, pre, .math, mjx-container').forEach(e => e.remove());
+    return {title: title.innerText.trim(), text: copy.textContent};
+  }).filter(b => b);
+  // The prose as a reader sees it: hide code (cell sources and code blocks outside outputs), math and the
+  // references, then read the visible text (collapsed dropdowns have none).
+  const hidden = [];
+  article.querySelectorAll('.cell_input, div[class*="highlight-"]:not(.cell_output *), .math, mjx-container, ' +
+                           '.bibliography, .citation-list, div.citation, .headerlink').forEach(e => {
+    hidden.push([e, e.style.display]);
+    e.style.display = 'none';
+  });
+  const prose = article.innerText;
+  hidden.forEach(([e, display]) => e.style.display = display);
+  return {wide, codeLines, boxes, prose};
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def measured(browser, site_url):
+    results = {}
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    for name in CHAPTER_PAGES:
+        page.goto(f"{site_url}/{name}", wait_until="load")
+        results[name] = page.evaluate(MEASURE_JS)
+    page.close()
+    return results
+
+
+def test_there_are_chapter_pages():
+    assert len(CHAPTER_PAGES) >= 9
+
+
+@pytest.mark.parametrize("name", CHAPTER_PAGES)
+def test_no_code_block_scrolls_sideways(measured, name):
+    wide = measured[name]["wide"]
+    assert not wide, f"{len(wide)} code blocks scroll sideways, e.g. {wide[0]['line'][:100]!r} ({wide[0]['width']} px)"
+
+
+@pytest.mark.parametrize("name", CHAPTER_PAGES)
+def test_no_bookkeeping_in_the_prose(measured, name):
+    found = page_rules.bookkeeping(measured[name]["prose"])
+    assert not found, "bookkeeping on a chapter page (it belongs in the appendix): " + "; ".join(
+        f"{rule}: ...{context}..." for rule, context in found[:8])
+
+
+@pytest.mark.parametrize("name", CHAPTER_PAGES)
+def test_short_setup_before_the_first_section(measured, name):
+    lines = measured[name]["codeLines"]
+    assert lines <= page_rules.MAX_CODE_LINES_BEFORE_FIRST_SECTION, f"{lines} visible code lines before §1"
+
+
+@pytest.mark.parametrize("name", CHAPTER_PAGES)
+def test_question_boxes_answer_in_few_words(measured, name):
+    for box in measured[name]["boxes"]:
+        words = page_rules.words(box["text"])
+        assert words <= page_rules.MAX_QUESTION_BOX_WORDS, f"{box['title']!r}: {words} words of prose"
+
+
+def test_the_measurements_can_fail():
+    """The checks above see what they should: the patterns find bookkeeping, the word count counts."""
+    assert page_rules.bookkeeping("The store holds 188 runs over 12 sessions")
+    assert page_rules.words("Mask: −∞ before the softmax, +0.30 points.") == 6  # "−∞" is not a word
