@@ -502,3 +502,29 @@ def test_causal_mask_values_and_errors():
         causal_mask(3, 2)
     with pytest.raises(ValueError, match="non-negative, got n_queries=-1"):
         causal_mask(-1)
+
+
+@pytest.mark.parametrize("shapes, name, size", [
+    (((2, 3, 0), (2, 5, 0), (2, 5, 4)), "queries", "d_k"),
+    (((2, 3, 4), (2, 5, 0), (2, 5, 4)), "keys", "d_k"),
+    (((2, 3, 4), (2, 5, 4), (2, 5, 0)), "values", "d_v"),
+])
+@pytest.mark.parametrize("function", ["scaled_dot_product_attention", "blockwise_attention", "sink_attention"])
+def test_zero_width_feature_dims_are_rejected_by_name(shapes, name, size, function):
+    """A zero-width d_k or d_v is degenerate (every score would be 0, or the output empty): a clear error, as
+    torch's SDPA gives none (it returns uniform weights or an empty output)."""
+    from attnbook import attention, sinks
+
+    fn = getattr(attention, function, None) or getattr(sinks, function)
+    q, k, v = (torch.randn(*s) for s in shapes)
+    with pytest.raises(ValueError, match=rf"{name} have a zero-width last dim \({size} = 0\) in shape "
+                                         rf"\({', '.join(map(str, shapes[['queries', 'keys', 'values'].index(name)]))}\)"):
+        fn(q, k, v)
+
+
+def test_zero_queries_and_zero_keys_stay_defined():
+    """Degenerate counts are not errors: no query gives an empty output, no key gives zeros (a fully masked row)."""
+    q, k, v = torch.randn(2, 0, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 3)
+    assert scaled_dot_product_attention(q, k, v).shape == (2, 0, 3)
+    out = scaled_dot_product_attention(torch.randn(2, 3, 4), torch.randn(2, 0, 4), torch.randn(2, 0, 3))
+    assert out.shape == (2, 3, 3) and torch.equal(out, torch.zeros(2, 3, 3))

@@ -332,3 +332,12 @@ def test_forward_packed_errors():
         model.forward_packed(ids, doc, torch.arange(4))
     with pytest.raises(ValueError, match="positions must be non-negative"):
         model.forward_packed(ids, doc, torch.tensor([0, -1, 0]))
+
+
+def test_packed_attention_rejects_a_zero_width_head_dim():
+    from attnbook.packing import document_attention
+
+    q = torch.randn(1, 2, 4, 0)
+    doc_ids = torch.tensor([[0, 0, 1, 1]])
+    with pytest.raises(ValueError, match=r"q has a zero-width head_dim in shape \(1, 2, 4, 0\)"):
+        document_attention(q, torch.randn(1, 2, 4, 0), torch.randn(1, 2, 4, 3), doc_ids)
