@@ -32,6 +32,7 @@ CHAPTERS = {
     7: "Soft and hard attention",
     8: "Self-attention and the Transformer",
     9: "Attention without padding, and at scale",
+    10: "Padding bugs in the wild",
 }
 
 
