@@ -6,6 +6,7 @@ line's configuration guard, and two worker processes against one."""
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -321,3 +322,68 @@ def test_read_runs_and_status(tmp_path):
     assert stored.runs.init.tolist() == ["3.0"] and stored.steps.empty
     assert stored.status(STORE) == "differs in ['epochs']"
     assert stored.status(replace(STORE, epochs=9)) == "incomplete: 11 of 12 runs missing"
+
+
+# ------------------------------------------------------------------------------------------------- the page's sentences
+def _verdict(**changes):
+    v = {"n_seeds": 10, "acc_adam_large": 0.127, "acc_scaled_large": 0.353, "acc_adam_reference": 0.917,
+         "step_mean": 0.226, "step_low": 0.195, "step_high": 0.258, "saturation_mean": 0.564,
+         "saturation_low": 0.532, "saturation_high": 0.596, "mechanism": "both"}
+    return {**v, **changes}
+
+
+def test_effect_text_at_its_edges():
+    assert ins.effect_text(0.226, 0.195, 0.258) == "+0.226 (95% CI +0.195 to +0.258)"
+    assert ins.effect_text(-0.05, -0.08, -0.02) == "-0.050 (95% CI -0.080 to -0.020)"
+    assert ins.effect_text(0.3, float("nan"), float("nan")) == "+0.300 (one seed: no interval)"
+    assert ins.effect_text(0.2, 0.2, 0.2) == "+0.200 on every seed"
+    assert ins.effect_text(-0.0001, -0.0004, 0.0002) == "0.000 (95% CI 0.000 to 0.000)"
+    assert ins.effect_text(0.0, -0.01, 0.01) == "0.000 (95% CI -0.010 to +0.010)"
+
+
+@pytest.mark.parametrize("mechanism,meaning", [
+    ("both", "both mechanisms are at work"), ("step size", "Only the first interval"),
+    ("saturation", "Only the second interval"), ("neither", "Neither interval lies above zero")])
+def test_verdict_sentences_carry_one_effect_each(mechanism, meaning):
+    text = ins.verdict_sentences(_verdict(mechanism=mechanism))
+    sentences = [s for s in re.split(r"(?<=[.)])\s+(?=[A-Z])", text["verdict"]) if s]
+    assert meaning in text["verdict"]
+    assert all(s.count("95% CI") <= 1 for s in sentences)
+    assert all(len(s.split()) <= 40 for s in sentences)
+    assert not re.search(r"\d+ seeds|p =|Holm", text["verdict"])  # tallies and tests live in the table
+    assert text["verdict_short"] and "\n" not in text["verdict_short"]
+
+
+def test_verdict_sentences_with_one_seed_negative_and_equal_bounds():
+    one = ins.verdict_sentences(_verdict(n_seeds=1, mechanism="neither", step_low=float("nan"),
+                                         step_high=float("nan"), saturation_low=float("nan"),
+                                         saturation_high=float("nan")))
+    assert "one seed: no interval" in one["verdict"] and "With one seed there is no interval" in one["verdict"]
+    assert one["verdict_short"] == "one seed does not separate the two mechanisms"
+    negative = ins.verdict_sentences(_verdict(mechanism="neither", step_mean=-0.02, step_low=-0.05,
+                                              step_high=0.01, acc_scaled_large=0.107))
+    assert "from 0.127 to 0.107: a paired difference of -0.020 (95% CI -0.050 to +0.010)" in negative["verdict"]
+    equal = ins.verdict_sentences(_verdict(mechanism="saturation", step_mean=0.0, step_low=0.0, step_high=0.0,
+                                           acc_scaled_large=0.127))
+    assert "a paired difference of 0.000 on every seed" in equal["verdict"]
+    assert ins.verdict_sentences(_verdict(n_seeds=3, mechanism="neither"))["verdict_short"].startswith("3 seeds do")
+
+
+def test_evidence_sentences_name_no_file_device_or_date():
+    page, stored = _verdict(n_seeds=3), _verdict()
+    used = ins.evidence_sentences(page, stored, mode="quick", page_epochs=4, stored_epochs=40)
+    assert used["evidence"] == ("The verdict comes from the stored full-mode runs, 10 seeds of 40 epochs per arm. "
+                                "This page's own quick-mode run of 3 seeds agrees.")
+    other = ins.evidence_sentences(_verdict(n_seeds=1, mechanism="neither"), stored, mode="quick", page_epochs=4,
+                                   stored_epochs=40)
+    assert "run of one seed points to \"neither\" instead; the stored seeds outweigh it." in other["evidence"]
+    alone = ins.evidence_sentences(page, None, mode="quick", page_epochs=4)
+    assert alone["evidence"].startswith("The verdict comes from this page's own quick-mode run, 3 seeds of 4 epochs")
+    assert "resolves a difference only if" in alone["evidence"] and alone["source"] == "this page's quick-mode run"
+    full = ins.evidence_sentences(_verdict(n_seeds=1), None, mode="full", page_epochs=40)
+    assert full["evidence"] == "The verdict comes from this page's own full-mode run, one seed of 40 epochs per arm."
+    for texts in (used, other, alone, full):
+        for text in texts.values():
+            assert not re.search(r"results/|\.csv|\.json|commit|CPU|GPU|20\d\d-|session|thread|worker", text)
+    with pytest.raises(ValueError, match="stored_epochs is needed with stored runs"):
+        ins.evidence_sentences(page, stored, mode="quick", page_epochs=4)

@@ -60,7 +60,8 @@ from ..store import (Layout, ResultsStore, collect_runs, config_differences, gri
                      run_grid_cli, run_grid_in_session)
 
 __all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "arm_id", "learning_rate", "load_data",
-           "make_classifier", "train_run", "run_arms", "paired_interval", "mechanism_verdict", "SUMMARY_COLUMNS",
+           "make_classifier", "train_run", "run_arms", "paired_interval", "mechanism_verdict", "effect_text",
+           "verdict_sentences", "evidence_sentences", "SUMMARY_COLUMNS",
            "STEP_COLUMNS", "STEP_EVERY", "LAYOUT", "store_config", "open_store", "run_grid", "StoredRuns",
            "read_runs", "main"]
 
@@ -319,6 +320,105 @@ def mechanism_verdict(summary: pd.DataFrame, cfg: InitScaleConfig, confidence: f
     out["mechanism"] = ("both" if step and saturation else "step size" if step else "saturation" if saturation
                         else "neither")
     return out
+
+
+def _signed(x: float) -> str:
+    """``x`` with three decimals and its sign; a value that rounds to zero reads ``0.000``, not ``-0.000``."""
+    text = f"{x:+.3f}"
+    return "0.000" if text in ("+0.000", "-0.000") else text
+
+
+def effect_text(mean: float, low: float, high: float) -> str:
+    """One paired effect and its 95% interval, as prose gives it: ``"+0.226 (95% CI +0.195 to +0.258)"``.
+
+    An interval of NaN (one seed, :func:`paired_interval`) reads ``"(one seed: no interval)"``; equal bounds (every
+    seed gave the same difference) read ``"on every seed"``."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return f"{_signed(mean)} (one seed: no interval)"
+    if low == high:
+        return f"{_signed(mean)} on every seed"
+    return f"{_signed(mean)} (95% CI {_signed(low)} to {_signed(high)})"
+
+
+def verdict_sentences(v: dict) -> dict[str, str]:
+    """The sentences chapter 3 shows for a :func:`mechanism_verdict` ``v`` (section "Initialization scale").
+
+    Returns ``"verdict"``: three short sentences, each with at most one effect and its interval (what scaling Adam's
+    steps changed; what separates the scaled run from the run at the reference scale; what that means), and
+    ``"verdict_short"``: one clause for the chapter's summary. The words are chosen by ``v["mechanism"]``; with one
+    seed there is no interval, and the sentences say so."""
+    n = v["n_seeds"]
+    step = (f"Scaling Adam's learning rate to the weights changed the test accuracy at standard deviation 200 "
+            f"from {v['acc_adam_large']:.3f} to {v['acc_scaled_large']:.3f}: a paired difference of "
+            f"{effect_text(v['step_mean'], v['step_low'], v['step_high'])}.")
+    gap = (f"The run at 0.1 reached {v['acc_adam_reference']:.3f}, a paired difference from the scaled run of "
+           f"{effect_text(v['saturation_mean'], v['saturation_low'], v['saturation_high'])}.")
+    if n == 1:
+        meaning = "With one seed there is no interval, so the two mechanisms cannot be told apart."
+    else:
+        meaning = {
+            "both": "Both intervals lie above zero. Saturation is the only thing that differs between the scaled "
+                    "run and the run at 0.1, so both mechanisms are at work.",
+            "step size": "Only the first interval lies above zero: under Adam the failure is the step size, not "
+                         "the saturation.",
+            "saturation": "Only the second interval lies above zero: the failure is the saturation, not the step "
+                          "size.",
+            "neither": "Neither interval lies above zero, so these seeds do not tell the two mechanisms apart.",
+        }[v["mechanism"]]
+    short = {
+        "both": "both mechanisms act: Adam's steps are too small for weights of size 200, and with steps scaled "
+                "to the weights, saturation still costs accuracy",
+        "step size": "under Adam the step size, too small for weights of size 200, is the mechanism; with steps "
+                     "scaled to the weights the saturated network learns as well as at 0.1",
+        "saturation": "saturation is the mechanism; scaling Adam's steps to the weights did not help",
+        "neither": f"{'one seed does' if n == 1 else f'{n} seeds do'} not separate the two mechanisms",
+    }[v["mechanism"]]
+    return {"verdict": f"{step} {gap} {meaning}", "verdict_short": short}
+
+
+def evidence_sentences(page: dict, stored: dict | None, *, mode: str, page_epochs: int,
+                       stored_epochs: int | None = None) -> dict[str, str]:
+    """Where chapter 3's verdict comes from, in words (section "Initialization scale").
+
+    Args:
+        page: :func:`mechanism_verdict` of the page's own run, made in ``mode`` with ``page_epochs`` epochs.
+        stored: :func:`mechanism_verdict` of the stored full-mode runs (made with ``stored_epochs`` epochs), or None
+            when they are not used (:meth:`StoredRuns.status`).
+
+    Returns ``"evidence"`` (one or two sentences), ``"evidence_short"`` (a clause: the mean over which seeds),
+    ``"quick_limit"`` (a clause for "what quick mode cannot show") and ``"source"`` (the runs the verdict comes
+    from). No sentence names a file, a device or a date: those are in the appendix "How the numbers were made".
+
+    Raises:
+        ValueError: ``stored`` is given without ``stored_epochs``.
+    """
+    def seeds(n: int) -> str:
+        return "one seed" if n == 1 else f"{n} seeds"
+
+    if stored is not None:
+        if stored_epochs is None:
+            raise ValueError("stored_epochs is needed with stored runs")
+        n = stored["n_seeds"]
+        answer = ("agrees" if page["mechanism"] == stored["mechanism"]
+                  else f"points to \"{page['mechanism']}\" instead; the stored seeds outweigh it")
+        return {
+            "evidence": (f"The verdict comes from the stored full-mode runs, {seeds(n)} of {stored_epochs} epochs "
+                         f"per arm. This page's own {mode}-mode run of {seeds(page['n_seeds'])} {answer}."),
+            "evidence_short": f"mean over the {seeds(n)} of the stored full-mode runs",
+            "quick_limit": "the mechanism verdict comes from the stored full-mode runs instead",
+            "source": "the stored full-mode runs",
+        }
+    n = page["n_seeds"]
+    evidence = f"The verdict comes from this page's own {mode}-mode run, {seeds(n)} of {page_epochs} epochs per arm."
+    if mode == "quick":
+        evidence += (" A quick run shows the mechanisms and the direction of each difference, but it resolves a "
+                     "difference only if it is large against the spread between seeds.")
+    return {
+        "evidence": evidence,
+        "evidence_short": f"mean over this page's {seeds(n)} ({mode} mode)",
+        "quick_limit": "the mechanism verdict rests on those seeds alone",
+        "source": f"this page's {mode}-mode run",
+    }
 
 
 # ------------------------------------------------------------------------------------------------- the results store
