@@ -19,6 +19,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any, ClassVar
@@ -253,20 +254,103 @@ def progress(iterable: Iterable | None = None, *, desc: str | None = None, total
     return tqdm(iterable, desc=desc, total=total, **kwargs)
 
 
+#: The engines that run an experiment's tasks: ``"local"`` (joblib's loky processes on this machine, or this
+#: process for one worker) and ``"dask"`` (a Dask cluster: a ``LocalCluster`` here, or an existing scheduler).
+BACKENDS = ("local", "dask")
+_BACKEND: dict[str, Any] = {"name": "local", "scheduler": None}
+
+
+@contextmanager
+def parallel_backend(name: str = "local", scheduler: str | None = None) -> Iterator[None]:
+    """Run the :func:`run_tasks` calls inside the ``with`` block on the engine ``name`` (one of :data:`BACKENDS`).
+
+    ``"dask"`` with ``scheduler=None`` starts a ``distributed.LocalCluster`` for each :func:`run_tasks` call, with
+    as many single-threaded worker processes as the call's ``workers``; with a scheduler address (``tcp://host:8786``,
+    as printed by ``dask scheduler`` or a ``dask_jobqueue.SLURMCluster``) it sends the tasks there. The experiments'
+    command lines set it from ``--backend`` and ``--scheduler`` (README, "Experiment grids on a cluster").
+
+    Raises:
+        ValueError: an unknown backend, or a scheduler address without the dask backend.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {name!r}")
+    if scheduler is not None and name != "dask":
+        raise ValueError(f"a scheduler address ({scheduler!r}) needs the dask backend, got backend {name!r}")
+    before = dict(_BACKEND)
+    _BACKEND.update(name=name, scheduler=scheduler)
+    try:
+        yield
+    finally:
+        _BACKEND.clear()
+        _BACKEND.update(before)
+
+
+def current_backend() -> dict[str, Any]:
+    """The engine :func:`run_tasks` uses now: ``{"name": ..., "scheduler": ...}`` (see :func:`parallel_backend`)."""
+    return dict(_BACKEND)
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str, bytes, torch.device, torch.dtype))
+
+
+def _dask_tasks(function: Any, arguments: list[tuple], workers: int, ordered: bool,
+                scheduler: str | None) -> Iterator:
+    """:func:`run_tasks` on Dask. An argument object that several tasks share (the encoded data, the configuration)
+    is sent to every worker once (``Client.scatter(..., broadcast=True)``), not once per task. A worker that dies
+    mid-task loses only that task's attempt: the scheduler runs it again on another worker (``allowed-failures``),
+    and its result comes back here once."""
+    from distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if scheduler is None:
+        cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+    client = Client(cluster if cluster is not None else scheduler)
+    try:
+        counts: dict[int, int] = {}
+        for args in arguments:
+            for value in args:
+                if not _is_scalar(value):
+                    counts[id(value)] = counts.get(id(value), 0) + 1
+        shared = {key: None for key, n in counts.items() if n > 1}
+        objects = {id(v): v for args in arguments for v in args if id(v) in shared}
+        if objects:
+            keys = list(objects)
+            for key, future in zip(keys, client.scatter([objects[k] for k in keys], broadcast=True, hash=False)):
+                shared[key] = future
+        futures = [client.submit(function, *[shared.get(id(v)) or v for v in args], pure=False)
+                   for args in arguments]
+        finished = futures if ordered else as_completed(futures)
+        for future in finished:
+            yield future.result()
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
 def run_tasks(function: Any, arguments: Iterable[tuple], workers: int = 1, ordered: bool = True) -> Iterator:
-    """Yield ``function(*args)`` for each ``args`` of ``arguments``; the experiments' ``--workers`` options go
-    through here (chapters 4 and 5).
+    """Yield ``function(*args)`` for each ``args`` of ``arguments``; the experiments' ``--workers`` and
+    ``--backend`` options go through here (chapters 3, 4, 5, 8 and 9).
 
     Args:
-        function: a module-level function when ``workers > 1`` (joblib pickles it for the worker processes).
+        function: a module-level function when the tasks leave this process (it is pickled for the workers).
         arguments: tuples of positional arguments, one tuple per task.
-        workers: 1 runs the tasks one after another in this process, lazily; more runs them in that many joblib
-            processes (``loky`` backend).
+        workers: on the local backend, 1 runs the tasks one after another in this process, lazily, and more runs
+            them in that many joblib processes (``loky``); on the dask backend without a scheduler, the number of
+            worker processes of the ``LocalCluster``.
         ordered: yield in the order of ``arguments`` (default) or, if False, as each task finishes.
+
+    The engine is the one set by :func:`parallel_backend` (default: local). The results always come back to this
+    process, which alone writes a results store.
 
     Returns:
         an iterator over the results. Exceptions raised in a task are raised again here.
     """
+    backend = current_backend()
+    if backend["name"] == "dask":
+        return _dask_tasks(function, list(arguments), workers, ordered, backend["scheduler"])
     if workers <= 1:
         return (function(*args) for args in arguments)
     from joblib import Parallel, delayed

@@ -764,6 +764,34 @@ def run_grid_in_session(run_grid: Callable[..., pd.DataFrame], open_store: Calla
                         only=only, on_run=on_run)
 
 
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--workers``, ``--backend {local,dask}`` and ``--scheduler ADDRESS``: where an experiment's runs go
+    (:func:`attnbook.runtime.run_tasks`). Every experiment command line with ``--workers`` takes them."""
+    from .runtime import BACKENDS
+
+    parser.add_argument("--workers", type=positive_int, default=1,
+                        help="worker processes: joblib's on this machine, or a Dask LocalCluster's (default 1)")
+    parser.add_argument("--backend", choices=BACKENDS, default="local",
+                        help="local: joblib processes on this machine (default); dask: a Dask cluster, a "
+                             "LocalCluster of --workers processes unless --scheduler is given")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="an existing Dask scheduler, e.g. tcp://10.0.0.1:8786 (with --backend dask)")
+
+
+def check_backend_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A usage error (exit status 2) for ``--scheduler`` without ``--backend dask``."""
+    if args.scheduler is not None and args.backend != "dask":
+        parser.error(f"argument --scheduler: needs --backend dask, got --backend {args.backend}")
+
+
+def backend_record(args: argparse.Namespace) -> dict:
+    """What a session records of its engine: ``backend`` and, for an existing cluster, its ``scheduler``."""
+    record = {"backend": args.backend}
+    if args.scheduler is not None:
+        record["scheduler"] = args.scheduler
+    return record
+
+
 def grid_parser(prog: str, description: str, default_out: str, only_help: str, default_device: str | None = None
                 ) -> argparse.ArgumentParser:
     """The arguments that the grid experiments' command lines share (chapters 5, 8 and 9): ``--mode``, ``--seeds``,
@@ -774,7 +802,7 @@ def grid_parser(prog: str, description: str, default_out: str, only_help: str, d
     parser.add_argument("--seeds", type=positive_int, default=None,
                         help="number of seeds (0..N-1); default: the mode's")
     parser.add_argument("--only", default=None, help=only_help)
-    parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
+    add_backend_arguments(parser)
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads per worker")
     parser.add_argument("--device", type=device_arg, default=default_device,
                         help=f"default: {default_device or 'cuda if available, else cpu'}")
@@ -832,23 +860,28 @@ def run_grid_cli(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg:
     Returns:
         Every run in the store, as ``run_grid`` returns them.
     """
+    from .runtime import parallel_backend
+
+    check_backend_arguments(parser, args)
     try:
         store = open_store(args.out, cfg, device)
     except StoreError as err:
         parser.error(str(err))
     latest = {"frame": store.frame()}
+    engine = backend_record(args)
 
     def describe(wall: float) -> dict:
         frame = latest["frame"]
         return provenance(wall_time_s=wall, device=device, mode=args.mode or get_mode(), workers=args.workers,
-                          only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
+                          **engine, only=only, cpu_count=os.cpu_count(), n_runs=len(frame),
                           **(dict(extra(frame)) if extra is not None else {}))
 
     def checkpoint(frame: pd.DataFrame) -> None:
         latest["frame"] = frame
         session.checkpoint()
 
-    with store, Session(store, describe, workers=args.workers, only=only) as session:
+    with store, Session(store, describe, workers=args.workers, **engine, only=only) as session, \
+            parallel_backend(args.backend, args.scheduler):
         latest["frame"] = run_grid(cfg, workers=args.workers, out=store, device=device,
                                    show_progress=not args.no_progress, only=only, on_run=checkpoint)
     print(f"{store.n_runs} runs in {args.out}; provenance in {store.sidecar}")
