@@ -336,3 +336,32 @@ def test_explanation_cut_last_row_is_set_aside_and_its_run_redone(tmp_path, tiny
 def test_explanation_run_one_errors():
     with pytest.raises(ValueError, match=r"attention must be one of \('learned', 'uniform'\), got 'hard'"):
         ex.run_one(EX_TINY, {}, "hard")
+
+
+# --- the sentences chapter 7 glues from stored runs ------------------------------------------------------------
+
+def test_hard_attention_stored_summary_ranks_the_decoders():
+    runs = pd.DataFrame({"mode": ["soft", "hard", "gumbel"] * 2, "seed": [0, 0, 0, 1, 1, 1],
+                         "token_acc": [0.9, 0.5, 0.7, 0.8, 0.5, 0.7]})
+    assert ha.stored_summary(runs) == ("Over 2 seeds (table above), mean held-out token accuracy ranks the decoders "
+                                       "soft attention (0.850), then Gumbel (0.700), then REINFORCE (0.500).")
+    one = runs[runs.seed == 0]
+    assert ha.stored_summary(one).startswith("Over 1 seed (table above)")
+    # equal means keep the order of the grouped modes (alphabetical), never a random one
+    assert ha.stored_summary(one.assign(token_acc=0.0)).endswith(
+        "Gumbel (0.000), then REINFORCE (0.000), then soft attention (0.000).")
+    with pytest.raises(ValueError, match="runs is empty"):
+        ha.stored_summary(runs.iloc[:0])
+
+
+def test_explanation_stored_summary_gives_both_means():
+    runs = pd.DataFrame({"attention": ["learned", "uniform"] * 2, "seed": [0, 0, 1, 1],
+                         "test_acc": [0.8, 0.82, 0.9, 0.84]})
+    assert ex.stored_summary(runs) == ("Over 2 seeds at full size (table above), mean test accuracy is 0.850 for "
+                                       "learned attention and 0.830 for the uniform twin; the rest here is the "
+                                       "quick run.")
+    only = runs[(runs.seed == 0) & (runs.attention == "learned")]
+    assert ex.stored_summary(only).startswith("Over 1 seed at full size (table above), mean test accuracy is 0.800 "
+                                              "for learned attention;")
+    with pytest.raises(ValueError, match="runs is empty"):
+        ex.stored_summary(runs.iloc[:0])

@@ -225,3 +225,33 @@ def test_compare_conditions_chooses_the_verdict_from_the_paired_interval():
     assert set(few.verdict) == {"not yet answered"} and (few.n_pairs == 3).all()
     with pytest.raises(ValueError, match=r"frame lacks the columns \['accuracy_no_match'\]"):
         ex.compare_conditions(_runs(0.0).drop(columns="accuracy_no_match"))
+
+
+def _row(verdict, n_pairs=10, diff=0.207, low=0.199, high=0.213, question="softmax_one against the masked softmax"):
+    return pd.Series({"question": question, "verdict": verdict, "n_pairs": n_pairs, "mean_diff": diff,
+                      "ci_low": low, "ci_high": high})
+
+
+def test_comparison_sentence_gives_one_effect_and_its_interval():
+    assert ex.comparison_sentence(_row("higher")) == (
+        "Against the masked softmax, softmax_one raised no-match accuracy by 0.207 (95% CI 0.199 to 0.213).")
+    lower = _row("lower", diff=-0.1, low=-0.15, high=-0.05, question="the learned sink against softmax_one")
+    assert ex.comparison_sentence(lower) == (                                   # negated: a positive amount
+        "Against softmax_one, the learned sink lowered no-match accuracy by 0.100 (95% CI 0.050 to 0.150).")
+    equal = _row("higher", diff=0.02, low=0.02, high=0.02)                      # equal bounds
+    assert ex.comparison_sentence(equal).endswith("by 0.020 (95% CI 0.020 to 0.020).")
+    zero = _row("no difference resolved", diff=0.0, low=0.0, high=0.0)         # zero
+    assert ex.comparison_sentence(zero) == (
+        "Against the masked softmax, softmax_one changed no-match accuracy by no amount that 10 paired seeds resolve.")
+    one = _row("not yet answered", n_pairs=1, diff=np.nan, low=np.nan, high=np.nan)   # one seed
+    assert ex.comparison_sentence(one) == (
+        "Against the masked softmax, softmax_one: 1 paired seed, too few for a verdict (it needs 10).")
+    holm = ex.comparison_sentence(_row("not resolved after Holm's correction", n_pairs=4), "accuracy")
+    assert holm.startswith("Against the masked softmax, softmax_one moved accuracy by an amount whose interval")
+
+
+def test_comparison_sentence_errors():
+    with pytest.raises(ValueError, match="question must read 'X against Y'"):
+        ex.comparison_sentence(_row("higher", question="softmax_one"))
+    with pytest.raises(ValueError, match="verdict must be a verdict"):
+        ex.comparison_sentence(_row("better"))

@@ -345,3 +345,34 @@ def test_compare_conditions_errors():
         ex.compare_conditions(frame.drop(columns="readout"))
     with pytest.raises(ValueError, match=r"runs occur twice: \[\['masked/post/index/mean', 0\]\]"):
         ex.compare_conditions(pd.concat([frame, frame.iloc[:1]], ignore_index=True))
+
+
+def _answer(*rows):
+    return pd.DataFrame(rows, columns=["name", "verdict", "n_pairs", "mean_diff", "ci_low", "ci_high"])
+
+
+def test_answer_text_gives_one_effect_and_its_interval_per_resolved_comparison():
+    answer = _answer(("mask", "no difference resolved", 20, 0.0019, -0.0010, 0.0054),
+                     ("left padding", "no difference resolved", 20, 0.0, 0.0, 0.0),        # zero, equal bounds
+                     ("first-token readout", "lower", 20, -0.0177, -0.0282, -0.0095))
+    assert ex.answer_text(answer) == (
+        "The first-token readout lowered test accuracy by 1.77 points (95% CI 0.95 to 2.82). "   # negated
+        "The mask and left padding changed test accuracy by no amount that 20 paired seeds resolve.")
+    raised = ex.answer_text(_answer(("mask", "higher", 12, 0.01, 0.01, 0.01)))                # equal bounds
+    assert raised == "The mask raised test accuracy by 1.00 points (95% CI 1.00 to 1.00)."
+    mixed = ex.answer_text(_answer(("mask", "no difference resolved", 10, 0.0, -0.01, 0.01),
+                                   ("position fix", "no difference resolved", 12, 0.0, -0.01, 0.01)))
+    assert mixed.endswith("by no amount that 10 or more paired seeds resolve.")
+
+
+def test_answer_text_for_unanswered_and_corrected_comparisons():
+    one_seed = _answer(("mask", "not yet answered", 1, np.nan, np.nan, np.nan))
+    assert ex.answer_text(one_seed) == "The mask has fewer than 10 paired seeds, too few for a verdict."
+    two = _answer(("mask", "not yet answered", 4, 0.01, 0.0, 0.02), ("readout", "not yet answered", 4, 0.0, 0, 0))
+    assert ex.answer_text(two, min_pairs=5) == ("The mask and readout have fewer than 5 paired seeds, too few for "
+                                                "a verdict.")
+    holm = _answer(("mask", "not resolved after Holm's correction", 4, 0.02, 0.01, 0.03))
+    assert ex.answer_text(holm) == ("For the mask, the interval excludes zero, but Holm's correction over the "
+                                    "comparisons does not confirm a difference.")
+    with pytest.raises(ValueError, match="answer is empty"):
+        ex.answer_text(_answer())

@@ -85,13 +85,20 @@ def glued_values(notebook: dict) -> dict[str, str]:
 
 
 def _format(value: str, spec: str) -> str:
-    text = value.strip("'\"")
-    if not spec:
-        return text
+    """A glued ``text/plain`` value as ``{glue:text}`` shows it: strings without their quotes, numbers formatted
+    with ``spec``."""
+    import ast
+
     try:
-        return format(float(value), spec)
-    except ValueError:
-        return text
+        plain = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        plain = value
+    if spec:
+        try:
+            return format(float(plain), spec)
+        except (TypeError, ValueError):
+            pass
+    return str(plain)
 
 
 def render_glue(markdown: str, values: dict[str, str]) -> str:

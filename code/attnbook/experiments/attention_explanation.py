@@ -50,13 +50,13 @@ from torch import nn
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
 from ..interpret import BinaryView, gradient_importance, kendall_tau, leave_one_out_importance, permutation_effect
 from ..models import BiGRUClassifier
-from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, listing, plural, progress, run_tasks, seed_everything
 from ..stats import bootstrap_ci
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 from . import masking
 
 __all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "train_twins", "predict", "accuracy",
-           "accuracy_difference", "explanation_tests", "run_one", "main", "LAYOUT", "ATTENTIONS"]
+           "accuracy_difference", "explanation_tests", "run_one", "stored_summary", "main", "LAYOUT", "ATTENTIONS"]
 
 
 @dataclass(frozen=True)
@@ -343,6 +343,22 @@ def run_one(cfg: ExplanationConfig, data: dict, attention: str, show_progress: b
         per_example = per.assign(attention=attention, seed=cfg.seed)
         per_example.insert(0, "example", range(len(per)))
     return row, history.assign(attention=attention, seed=cfg.seed), per_example
+
+
+def stored_summary(runs: pd.DataFrame) -> str:
+    """One sentence on stored runs of :func:`run_one` (one row per attention and seed): the mean test accuracy of each
+    kind of attention over its seeds. Chapter 7, section "So, is it an explanation?".
+
+    Raises:
+        ValueError: ``runs`` has no rows.
+    """
+    if runs.empty:
+        raise ValueError("runs is empty: there is nothing to summarize")
+    names = {"learned": "learned attention", "uniform": "the uniform twin"}
+    means = runs.groupby("attention").test_acc.mean()
+    parts = listing(f"{means[a]:.3f} for {names.get(a, a)}" for a in sorted(means.index))
+    return (f"Over {plural(int(runs.seed.nunique()), 'seed')} at full size (table above), mean test accuracy is "
+            f"{parts}; the rest here is the quick run.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,12 +61,12 @@ from ..runtime import ModeConfig, describe_device, seed_everything
 from ..sinks import SinkMultiHeadAttention
 from ..store import (Layout, ResultsStore, collect_runs, device_kind, grid_arguments, grid_parser, read_tables,
                      run_grid_cli, run_grid_in_session)
-from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
+from .masking_report import CORRECTED, MIN_PAIRS, paired_table, runs_by_kind
 from .transformer_padding import Comparison
 
 __all__ = ["SinksConfig", "CONDITIONS", "RESULT_COLUMNS", "GROUP_COLUMNS", "LAYOUT", "COMPARISONS", "make_data",
            "RetrievalModel", "run_one", "run_grid", "summarize", "per_run", "compare_conditions", "store_config",
-           "open_store", "StoredRuns", "read_runs", "main"]
+           "open_store", "StoredRuns", "read_runs", "comparison_sentence", "main"]
 
 #: The attention weightings compared (see the module docstring).
 CONDITIONS = ("softmax", "softmax, pads unmasked", "softmax_one", "learned sink")
@@ -470,6 +470,38 @@ def compare_conditions(runs: pd.DataFrame, comparisons: tuple[Comparison, ...] =
     table = paired_table(frame, comparisons, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples,
                          seed=seed).drop(columns=["condition", "baseline", "device_kind", "primary"])
     return pd.concat([pd.DataFrame([comp._asdict() for comp in comparisons]), table], axis=1)
+
+
+def comparison_sentence(row: pd.Series, measure: str = "no-match accuracy", min_pairs: int = MIN_PAIRS) -> str:
+    """One row of :func:`compare_conditions` as one plain sentence: the verdict with its one effect and the effect's
+    95% interval ("Against the masked softmax, softmax_one raised no-match accuracy by 0.207 (95% CI 0.199 to
+    0.213)."; a lowering is stated as a positive amount). Seed tallies and p-values are left to the table. The
+    comparison's ``question`` ("X against Y") names both sides. Chapter 9, section "Attending to nowhere".
+
+    Raises:
+        ValueError: ``row["question"]`` does not read "X against Y", or ``row["verdict"]`` is not a verdict of
+            :func:`attnbook.experiments.masking_report.verdict`.
+    """
+    subject, sep, baseline = str(row["question"]).partition(" against ")
+    if not sep:
+        raise ValueError(f"question must read 'X against Y', got {row['question']!r}")
+    head = f"Against {baseline}, {subject}"
+    verdict = row["verdict"]
+    if verdict in ("higher", "lower"):
+        diff, low, high = row["mean_diff"], row["ci_low"], row["ci_high"]
+        if verdict == "lower":
+            diff, low, high = -diff, -high, -low
+        word = "raised" if verdict == "higher" else "lowered"
+        return f"{head} {word} {measure} by {diff:.3f} (95% CI {low:.3f} to {high:.3f})."
+    seeds = f"{int(row['n_pairs'])} paired seed" + ("" if int(row["n_pairs"]) == 1 else "s")
+    if verdict == "no difference resolved":
+        return f"{head} changed {measure} by no amount that {seeds} resolve."
+    if verdict == CORRECTED:
+        return (f"{head} moved {measure} by an amount whose interval excludes zero, but Holm's correction over the "
+                "comparisons does not confirm it.")
+    if verdict == "not yet answered":
+        return f"{head}: {seeds}, too few for a verdict (it needs {min_pairs})."
+    raise ValueError(f"verdict must be a verdict of masking_report.verdict, got {verdict!r}")
 
 
 class StoredRuns(NamedTuple):

@@ -57,16 +57,16 @@ import torch.nn.functional as F
 
 from ..batching import RandomBatchSampler
 from ..models import padding_mask
-from ..runtime import ModeConfig, describe_device, get_device, seed_everything
+from ..runtime import ModeConfig, describe_device, get_device, listing, plural, seed_everything
 from ..store import Layout, ResultsStore, collect_runs, grid_parser, run_grid_cli, run_grid_in_session
 from ..transformer import TransformerClassifier, pad_attention_mass
 from . import masking as _masking
 from .masking import _batch, _exact_length_batches, _writable
-from .masking_report import MIN_PAIRS, paired_table, runs_by_kind
+from .masking_report import CORRECTED, MIN_PAIRS, paired_table, runs_by_kind
 
 __all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "train_model", "run_one",
            "run_grid", "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS", "REFERENCE",
-           "Comparison", "COMPARISONS", "compare_conditions"]
+           "Comparison", "COMPARISONS", "compare_conditions", "answer_text"]
 
 #: The factors of a condition, in the order of :func:`condition_id`.
 FACTORS = ("mask", "padding", "positions", "readout")
@@ -219,6 +219,45 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
     table = paired_table(frame, comparisons, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples,
                          seed=seed).drop(columns=["condition", "baseline", "device_kind", "primary"])
     return pd.concat([pd.DataFrame([comp._asdict() for comp in comparisons]), table], axis=1)
+
+
+def answer_text(answer: pd.DataFrame, min_pairs: int = MIN_PAIRS) -> str:
+    """The answer of :func:`compare_conditions`'s table in plain sentences, for chapter 8's answer box.
+
+    Each comparison that resolves a difference ("higher" or "lower") gets a sentence of its own, with its effect on
+    test accuracy in points and the effect's 95% interval (a lowering is stated as a positive amount: "lowered test
+    accuracy by 1.77 points (95% CI 0.95 to 2.82)"). The comparisons that resolve no difference share one sentence,
+    those that fail Holm's correction another, and those with fewer than ``min_pairs`` paired seeds a third. Seed
+    tallies and p-values are left to the table. Chapter 8, section "Full scale: stored runs".
+
+    Raises:
+        ValueError: ``answer`` has no rows.
+    """
+    if answer.empty:
+        raise ValueError("answer is empty: there are no comparisons to state")
+    sentences = []
+    for row in answer[answer["verdict"].isin(["higher", "lower"])].itertuples():
+        diff, low, high = 100 * row.mean_diff, 100 * row.ci_low, 100 * row.ci_high
+        if row.verdict == "lower":
+            diff, low, high = -diff, -high, -low
+        word = "raised" if row.verdict == "higher" else "lowered"
+        sentences.append(f"The {row.name} {word} test accuracy by {diff:.2f} points (95% CI {low:.2f} to "
+                         f"{high:.2f}).")
+    same = answer[answer["verdict"] == "no difference resolved"]
+    if len(same):
+        n_low, n_high = int(same["n_pairs"].min()), int(same["n_pairs"].max())
+        seeds = plural(n_low, "paired seed") if n_low == n_high else f"{n_low} or more paired seeds"
+        sentences.append(f"The {listing(same['name'])} changed test accuracy by no amount that {seeds} resolve.")
+    corrected = answer[answer["verdict"] == CORRECTED]
+    if len(corrected):
+        sentences.append(f"For the {listing(corrected['name'])}, the interval excludes zero, but Holm's correction "
+                         "over the comparisons does not confirm a difference.")
+    waiting = answer[answer["verdict"] == "not yet answered"]
+    if len(waiting):
+        verb = "has" if len(waiting) == 1 else "have"
+        sentences.append(f"The {listing(waiting['name'])} {verb} fewer than {min_pairs} paired seeds, too few for "
+                         "a verdict.")
+    return " ".join(sentences)
 
 
 def prepare_data(cfg: TransformerPaddingConfig) -> dict:

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
-from ..runtime import ModeConfig, get_device, get_mode, progress, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, plural, progress, seed_everything
 from ..seq2seq import Decoded, Seq2Seq, make_seq2seq
 from ..store import Layout, csv_path, device_arg, positive_int
 from ..text import PAD_ID, detokenize
@@ -64,8 +64,8 @@ from .seq2seq import (Seq2SeqConfig, StoredRuns, _mean_loss, corpus_bleu, gather
 from .seq2seq import train_model as seq2seq_train_model
 
 __all__ = ["MODELS", "VERDICTS", "TranslationConfig", "TranslationResults", "StoredRuns", "build_model",
-           "train_model", "evaluate", "run_experiment", "read_runs", "comparison_runs", "compare_models", "main",
-           "LAYOUT"]
+           "train_model", "evaluate", "run_experiment", "read_runs", "comparison_runs", "compare_models",
+           "verdict_phrase", "main", "LAYOUT"]
 
 #: The models of the comparison.
 MODELS = ("transformer", "bahdanau")
@@ -595,6 +595,24 @@ def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: in
                        seed=seed).iloc[0].copy()
     row["verdict"] = {"no difference resolved": "within seed noise"}.get(row["verdict"], row["verdict"])
     return row
+
+
+def verdict_phrase(row: pd.Series, baseline: str = "Bahdanau's model's") -> str:
+    """The verdict of one :func:`compare_models` row as the end of a sentence that begins "the Transformer's BLEU
+    is": the verdict word, then the mean paired difference in points and its 95% interval ("higher than Bahdanau's
+    model's, by +7.0 points (95% CI +6.3 to +8.3)"); with too few paired seeds, only that. Chapter 8, section "A
+    Transformer translator".
+
+    Raises:
+        ValueError: ``row["verdict"]`` is not one of :data:`VERDICTS`.
+    """
+    if row["verdict"] not in VERDICTS:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {row['verdict']!r}")
+    if row["verdict"] == "not yet answered":
+        return f"not yet compared ({plural(int(row['n_pairs']), 'paired seed')}, too few for a verdict)"
+    where = {"higher": "higher than", "lower": "lower than", "within seed noise": "within seed noise of"}
+    return (f"{where[row['verdict']]} {baseline}, by {row['mean_diff']:+.1f} points (95% CI {row['ci_low']:+.1f} "
+            f"to {row['ci_high']:+.1f})")
 
 
 def main(argv: list[str] | None = None) -> Path:
