@@ -237,19 +237,74 @@ def test_length_gap_change_refuses_bad_input():
         ex.length_gap_change(by_length, last="31+")
 
 
-def test_describe_stored_names_the_stored_runs():
-    models, seeds = ["none", "bahdanau", "luong-general"], [0, 1, 2]
-    names = {"bahdanau": "Bahdanau", "none": "no attention"}
-    runs = pd.DataFrame({"model": ["bahdanau", "bahdanau", "none", "luong-dot"], "seed": [1, 0, 2, 0]})
-    assert ex.describe_stored(runs, models, seeds, names) == \
-        "3 of the 9 runs (no attention, seed 2; Bahdanau, seeds 0 and 1)"
-    full = pd.DataFrame([{"model": m, "seed": s} for m in models for s in seeds])
-    assert ex.describe_stored(full, models, seeds) == "all 9 runs"
-    assert ex.describe_stored(full.iloc[:0], models, seeds) == "none of the 9 runs"
-    three = pd.DataFrame({"model": ["none"] * 3, "seed": [2, 0, 1]})
-    assert ex.describe_stored(three, ["none", "bahdanau"], [0, 1, 2]) == "3 of the 6 runs (none, seeds 0, 1 and 2)"
-    assert ex.describe_stored(full, models + ["none"], seeds + [0]) == "all 9 runs"   # repeats count once
-    with pytest.raises(ValueError, match=r"lacks the columns \['seed'\]"):
-        ex.describe_stored(runs.drop(columns="seed"), models, seeds)
-    with pytest.raises(ValueError, match="must not be empty"):
-        ex.describe_stored(runs, [], seeds)
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("diff, low, high, words", [
+    (6.7, 6.5, 6.8, "higher than the baseline, beyond seed noise"),
+    (-1.0, -1.7, -0.6, "lower than the baseline, beyond seed noise"),
+    (0.3, -0.5, 1.2, "within seed noise of the baseline"),
+    (0.0, 0.0, 0.0, "within seed noise of the baseline"),       # zero, equal bounds at zero
+    (2.0, 2.0, 2.0, "higher than the baseline, beyond seed noise"),   # equal bounds above zero
+    (0.4, 0.0, 0.9, "within seed noise of the baseline"),       # a bound at zero includes zero
+    (1.5, NAN, NAN, "higher than the baseline in the one seed"),
+    (-1.5, NAN, NAN, "lower than the baseline in the one seed"),
+    (0.0, NAN, NAN, "equal to the baseline in the one seed"),
+])
+def test_seed_verdict_at_its_edges(diff, low, high, words):
+    assert ex.seed_verdict(diff, low, high, "the baseline") == words
+
+
+def test_paired_sentence_carries_one_effect_and_its_interval():
+    assert ex.paired_sentence("bahdanau's model", "the model without attention", 6.72, 6.51, 6.84) == (
+        "Bahdanau's model scores higher than the model without attention, beyond seed noise: +6.7 BLEU "
+        "(95% interval +6.5 to +6.8).")
+    assert ex.paired_sentence("Luong general", "Bahdanau's model", -1.0, -1.7, -0.6) == (
+        "Luong general scores lower than Bahdanau's model, beyond seed noise: -1.0 BLEU (95% interval -1.7 to -0.6).")
+    # a value that rounds to zero is +0.0, never -0.0
+    assert ex.paired_sentence("A", "B", -0.04, -0.3, 0.2) == (
+        "A scores within seed noise of B: +0.0 BLEU (95% interval -0.3 to +0.2).")
+    assert ex.paired_sentence("A", "B", 0.0123, 0.0104, 0.0141, unit="", digits=3) == (
+        "A scores higher than B, beyond seed noise: +0.012 (95% interval +0.010 to +0.014).")
+    assert ex.paired_sentence("A", "B", 2.0, NAN, NAN) == (
+        "A scores higher than B in the one seed: +2.0 BLEU (no interval from one seed).")
+
+
+def test_interval_words():
+    assert ex.interval_words(6.5, 6.8) == "95% interval +6.5 to +6.8"
+    assert ex.interval_words(0.0, 0.0) == "95% interval +0.0 to +0.0"
+    assert ex.interval_words(-0.0123, 0.0456, digits=3) == "95% interval -0.012 to +0.046"
+    assert ex.interval_words(NAN, NAN) == "no interval from one seed"
+
+
+@pytest.mark.parametrize("change, low, high, words", [
+    (0.08, 0.07, 0.11, "grows"),
+    (-0.5, -0.9, -0.1, "shrinks"),
+    (-1.3, -5.4, 0.9, "does not change beyond seed noise"),
+    (0.0, 0.0, 0.0, "does not change beyond seed noise"),
+    (0.2, 0.2, 0.2, "grows"),
+    (0.2, NAN, NAN, "grows in the one seed"),
+    (-0.2, NAN, NAN, "shrinks in the one seed"),
+    (0.0, NAN, NAN, "does not change in the one seed"),
+])
+def test_change_verdict_at_its_edges(change, low, high, words):
+    assert ex.change_verdict(change, low, high) == words
+
+
+@pytest.mark.parametrize("call", [
+    lambda: ex.seed_verdict(NAN, 0.0, 1.0, "B"),
+    lambda: ex.paired_sentence("A", "B", NAN, NAN, NAN),
+    lambda: ex.change_verdict(NAN, NAN, NAN),
+])
+def test_templates_refuse_a_missing_difference(call):
+    with pytest.raises(ValueError, match="mean_diff is NaN"):
+        call()
+
+
+def test_templates_refuse_half_an_interval_or_reversed_bounds():
+    with pytest.raises(ValueError, match="give both bounds or neither"):
+        ex.seed_verdict(1.0, NAN, 2.0, "B")
+    with pytest.raises(ValueError, match="give both bounds or neither"):
+        ex.interval_words(0.5, NAN)
+    with pytest.raises(ValueError, match=r"ci_low=2.0 is above ci_high=1.0"):
+        ex.change_verdict(1.5, 2.0, 1.0)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
 from ..provenance import provenance
-from ..runtime import ModeConfig, get_device, get_mode, listing, progress, run_tasks, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
 from ..store import (Layout, ResultsStore, Session, StoreError, config_differences, csv_path, device_arg,
                      positive_int, read_tables)
@@ -52,7 +52,7 @@ __all__ = [
     "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
     "token_accuracy", "length_bucket", "evaluate_model", "attention_spread", "attention_collapse", "run_experiment",
     "main", "LAYOUT", "LR_SCHEDULES", "StoredRuns", "read_runs", "stored_status", "length_gap_change",
-    "describe_stored", "paired_bleu_p",
+    "seed_verdict", "interval_words", "paired_sentence", "change_verdict", "paired_bleu_p",
 ]
 
 
@@ -785,7 +785,7 @@ def length_gap_change(by_length: pd.DataFrame, value: str = "token_acc", *, mode
         ValueError: a missing column, a (model, seed, length) row that occurs twice, or ``first``/``last`` not a
             group of the table.
 
-    Chapter 4, sections "The bottleneck: quality against source length" and "Runs on all pairs (stored)".
+    Chapter 4, sections "The bottleneck: quality against source length" and "Runs on all pairs".
     """
     missing = sorted({"model", "seed", "length", "sentences", value} - set(by_length.columns))
     if missing:
@@ -816,38 +816,88 @@ def length_gap_change(by_length: pd.DataFrame, value: str = "token_acc", *, mode
     return (gap[last] - gap[first]).dropna().sort_index().rename(value)
 
 
-def describe_stored(runs: pd.DataFrame, models: Sequence[str], seeds: Sequence[int],
-                    names: Mapping[str, str] | None = None) -> str:
-    """Which of the runs (each model of ``models`` with each seed of ``seeds``) a store holds, in words for the
-    page: ``"all 9 runs"``, ``"none of the 9 runs"``, or e.g. ``"2 of the 9 runs (Bahdanau, seeds 0 and 1)"`` (the
-    models with none stored are not named). ``runs`` has ``model`` and ``seed`` columns (a store's main table);
-    runs of other models or seeds are ignored. ``names`` maps model kinds to the names shown (default: the kinds).
+def _signed(x: float, digits: int) -> str:
+    """``x`` with its sign and ``digits`` decimals; a value that rounds to zero is ``+0.0``, never ``-0.0``."""
+    return f"{(round(float(x), digits) or 0.0):+.{digits}f}"
+
+
+def _check_interval(mean_diff: float, ci_low: float, ci_high: float) -> bool:
+    """True if the bounds are an interval, False if both are NaN (one seed: no interval); else ValueError."""
+    if np.isnan(mean_diff):
+        raise ValueError("mean_diff is NaN: there is no difference to describe")
+    low_nan, high_nan = np.isnan(ci_low), np.isnan(ci_high)
+    if low_nan != high_nan:
+        raise ValueError(f"give both bounds or neither, got ci_low={ci_low}, ci_high={ci_high}")
+    if not low_nan and ci_low > ci_high:
+        raise ValueError(f"ci_low={ci_low} is above ci_high={ci_high}")
+    return not low_nan
+
+
+def seed_verdict(mean_diff: float, ci_low: float, ci_high: float, baseline: str) -> str:
+    """How a paired difference stands against seed noise, in words that follow "X scores".
+
+    ``"higher than <baseline>, beyond seed noise"`` when the 95% interval lies above zero, ``"lower than
+    <baseline>, beyond seed noise"`` when it lies below, ``"within seed noise of <baseline>"`` when it includes zero
+    (a bound at zero counts as including it). With one seed there is no interval (both bounds NaN): ``"higher than
+    <baseline> in the one seed"``, ``"lower than ..."`` or ``"equal to <baseline> in the one seed"``, from the sign
+    of ``mean_diff``.
 
     Raises:
-        ValueError: ``runs`` lacks ``model`` or ``seed``, or ``models`` or ``seeds`` is empty.
+        ValueError: ``mean_diff`` is NaN, only one bound is NaN, or ``ci_low > ci_high``.
 
-    Chapter 4, section "Runs on all pairs (stored)".
+    Chapter 4, sections "How sure are we? Three seeds", "`attention_layer_size`" and "Runs on all pairs".
     """
-    missing = sorted({"model", "seed"} - set(runs.columns))
-    if missing:
-        raise ValueError(f"runs lacks the columns {missing}")
-    models, seeds = list(dict.fromkeys(models)), list(dict.fromkeys(int(s) for s in seeds))
-    if not models or not seeds:
-        raise ValueError(f"models and seeds must not be empty, got models={models}, seeds={seeds}")
-    names = dict(names or {})
-    stored = runs[runs["model"].isin(models) & runs["seed"].isin(seeds)].drop_duplicates(["model", "seed"])
-    total = len(models) * len(seeds)
-    if len(stored) == total:
-        return f"all {total} runs"
-    if stored.empty:
-        return f"none of the {total} runs"
+    if not _check_interval(mean_diff, ci_low, ci_high):
+        if mean_diff == 0:
+            return f"equal to {baseline} in the one seed"
+        return f"{'higher' if mean_diff > 0 else 'lower'} than {baseline} in the one seed"
+    if ci_low > 0:
+        return f"higher than {baseline}, beyond seed noise"
+    if ci_high < 0:
+        return f"lower than {baseline}, beyond seed noise"
+    return f"within seed noise of {baseline}"
 
-    parts = []
-    for kind in models:
-        have = sorted(int(s) for s in stored.loc[stored["model"] == kind, "seed"])
-        if have:
-            parts.append(f"{names.get(kind, kind)}, seed{'s' if len(have) > 1 else ''} {listing(have)}")
-    return f"{len(stored)} of the {total} runs ({'; '.join(parts)})"
+
+def interval_words(ci_low: float, ci_high: float, digits: int = 1) -> str:
+    """``"95% interval +6.5 to +6.8"`` (signed, ``digits`` decimals), or ``"no interval from one seed"`` when both
+    bounds are NaN. Raises ValueError for one NaN bound or ``ci_low > ci_high``. Chapter 4."""
+    if not _check_interval(0.0, ci_low, ci_high):
+        return "no interval from one seed"
+    return f"95% interval {_signed(ci_low, digits)} to {_signed(ci_high, digits)}"
+
+
+def paired_sentence(subject: str, baseline: str, mean_diff: float, ci_low: float, ci_high: float,
+                    unit: str = "BLEU", digits: int = 1) -> str:
+    """One verdict sentence with one effect and its interval, e.g. ``"Bahdanau's model scores higher than the model
+    without attention, beyond seed noise: +6.7 BLEU (95% interval +6.5 to +6.8)."`` (:func:`seed_verdict` and
+    :func:`interval_words`; the subject's first letter is capitalized). Seed tallies and p-values belong in the
+    table beside it. Raises ValueError as :func:`seed_verdict` does. Chapter 4."""
+    verdict = seed_verdict(mean_diff, ci_low, ci_high, baseline)
+    unit = f" {unit}" if unit else ""
+    return (f"{subject[:1].upper()}{subject[1:]} scores {verdict}: {_signed(mean_diff, digits)}{unit} "
+            f"({interval_words(ci_low, ci_high, digits)}).")
+
+
+def change_verdict(mean_change: float, ci_low: float, ci_high: float) -> str:
+    """Whether an advantage changes with the source length (:func:`length_gap_change`), in words that follow "the
+    advantage": ``"grows"`` or ``"shrinks"`` when the 95% interval of the per-seed change excludes zero, else
+    ``"does not change beyond seed noise"``; with one seed (both bounds NaN) ``"grows in the one seed"``,
+    ``"shrinks in the one seed"`` or ``"does not change in the one seed"``.
+
+    Raises:
+        ValueError: ``mean_change`` is NaN, only one bound is NaN, or ``ci_low > ci_high``.
+
+    Chapter 4, sections "The bottleneck: quality against source length" and "Runs on all pairs".
+    """
+    if not _check_interval(mean_change, ci_low, ci_high):
+        if mean_change == 0:
+            return "does not change in the one seed"
+        return f"{'grows' if mean_change > 0 else 'shrinks'} in the one seed"
+    if ci_low > 0:
+        return "grows"
+    if ci_high < 0:
+        return "shrinks"
+    return "does not change beyond seed noise"
 
 
 def store_translation_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg, *, layout: Layout,
