@@ -145,3 +145,24 @@ def test_scheduler_needs_the_dask_backend(tmp_path, tiny, capsys):
         ex.main(_argv(tmp_path / "m.csv", "--scheduler", "tcp://127.0.0.1:8786"))
     assert info.value.code == 2
     assert "argument --scheduler: needs --backend dask, got --backend local" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ chapter 4's translation command line
+def test_the_translation_runs_on_dask_equal_the_local_runs(tmp_path, monkeypatch):
+    """Chapter 4's command line (and chapter 8's, which shares its store half) on a LocalCluster: the same tiny
+    models, metric for metric, as joblib's processes; the session records the backend."""
+    from attnbook.experiments import seq2seq
+
+    from test_experiments_seq2seq import TINY as SEQ_TINY
+
+    monkeypatch.setattr(seq2seq.Seq2SeqConfig, "quick", classmethod(lambda cls: SEQ_TINY))
+    frames = {}
+    for backend in ("local", "dask"):
+        out = tmp_path / f"{backend}.csv"
+        seq2seq.main(["--mode", "quick", "--out", str(out), "--device", "cpu", "--models", "none", "bahdanau",
+                      "--workers", "2", "--backend", backend])
+        frames[backend] = pd.read_csv(out)
+        record = json.loads(out.with_suffix(".json").read_text())
+        assert record["sessions"][-1]["backend"] == backend
+    columns = ["model", "seed", "parameters", "valid_loss", "token_acc", "bleu_greedy", "bleu_beam"]
+    pd.testing.assert_frame_equal(frames["dask"][columns], frames["local"][columns], check_exact=True)

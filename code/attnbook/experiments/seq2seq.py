@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_every_s, record_resumes, set_rng_states
 from ..data.translation import TranslationData, prepare_translation
 from ..provenance import provenance
-from ..runtime import ModeConfig, get_device, get_mode, progress, run_tasks, seed_everything
+from ..runtime import ModeConfig, get_device, get_mode, parallel_backend, progress, run_tasks, seed_everything
 from ..seq2seq import MODEL_KINDS, Decoded, Seq2Seq, beam_search, greedy_decode, make_seq2seq
-from ..store import (Layout, ResultsStore, Session, StoreError, config_differences, csv_path, device_arg,
-                     positive_int, read_tables)
+from ..store import (Layout, ResultsStore, Session, StoreError, add_backend_arguments, backend_record,
+                     check_backend_arguments, config_differences, csv_path, device_arg, positive_int, read_tables)
 from ..text import PAD_ID, detokenize, pad_batch
 
 __all__ = [
@@ -913,19 +913,23 @@ def store_translation_runs(parser: argparse.ArgumentParser, args: argparse.Names
     Returns:
         ``(every stored run, number trained now)``.
     """
+    check_backend_arguments(parser, args)
     try:
         store = ResultsStore(args.out, layout, config).open()
     except StoreError as err:
         parser.error(str(err))
     sizes = {"data_sizes": store.previous.get("data_sizes")}
+    engine = backend_record(args)
 
     def describe(wall: float) -> dict:
-        return provenance(wall, device=device, mode=mode, overrides=overrides, workers=args.workers, **sizes,
+        return provenance(wall, device=device, mode=mode, overrides=overrides, workers=args.workers, **engine,
+                          **sizes,
                           note="BLEU: sacreBLEU corpus BLEU, case-insensitive, 13a tokenization, all Tatoeba "
                                "translations of a held-out English sentence as references")
 
     extra = {"checkpoint_dir": str(args.checkpoint_dir)} if args.checkpoint_dir else {}
-    with store, Session(store, describe, workers=args.workers, **extra) as session:
+    with store, Session(store, describe, workers=args.workers, **engine, **extra) as session, \
+            parallel_backend(args.backend, args.scheduler):
         todo = [(kind, seed) for seed in cfg.seeds for kind in cfg.models
                 if not store.has({"model": kind, "seed": seed})]
         if todo:
@@ -982,8 +986,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--n-valid", type=positive_int, default=None,
                         help="override the number of validation sentences")
     parser.add_argument("--n-test", type=positive_int, default=None, help="override the number of test sentences")
-    parser.add_argument("--workers", type=positive_int, default=1,
-                        help="processes training models side by side (default 1; see run_experiment)")
+    add_backend_arguments(parser)
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch threads per worker (default: the mode's; quick 1, full torch's own)")
     add_checkpoint_arguments(parser)

@@ -55,7 +55,7 @@ from ..checkpoint import Checkpointer, add_checkpoint_arguments, checkpoint_ever
 from ..data.translation import TranslationData, prepare_translation
 from ..runtime import ModeConfig, get_device, get_mode, plural, progress, seed_everything
 from ..seq2seq import Decoded, Seq2Seq, make_seq2seq
-from ..store import Layout, csv_path, device_arg, positive_int
+from ..store import Layout, add_backend_arguments, csv_path, device_arg, positive_int
 from ..text import PAD_ID, detokenize
 from ..transformer import Transformer
 from .seq2seq import (Seq2SeqConfig, StoredRuns, _mean_loss, corpus_bleu, gather_runs, held_out_sources,
@@ -628,7 +628,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=None)
     parser.add_argument("--seeds", type=positive_int, default=None,
                         help="number of model seeds (0..N-1); default: the mode's (quick 1, full 3)")
-    parser.add_argument("--workers", type=positive_int, default=1, help="local processes (joblib)")
+    add_backend_arguments(parser)
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch threads per worker (default: the mode's; quick 1, full torch's own)")
     parser.add_argument("--epochs", type=positive_int, default=None,
