@@ -27,7 +27,9 @@ CHAPTER_PAGES = sorted(p.relative_to(HTML).as_posix() for p in (HTML / "chapters
 MEASURE_JS = """
 () => {
   const article = document.querySelector('article.bd-article');
-  const visible = e => e.offsetParent !== null || e.getClientRects().length > 0;
+  // Inside a closed <details> (a collapsed cell, a dropdown) nothing shows, though Chromium still lays it out.
+  const collapsed = e => e.closest('details:not([open])') !== null && e.closest('summary') === null;
+  const visible = e => !collapsed(e) && (e.offsetParent !== null || e.getClientRects().length > 0);
   const wide = Array.from(article.querySelectorAll('pre'))
     .filter(p => visible(p) && p.scrollWidth > p.clientWidth + 1)
     .map(p => ({width: p.scrollWidth, client: p.clientWidth,
@@ -49,7 +51,8 @@ MEASURE_JS = """
   // references, then read the visible text (collapsed dropdowns have none).
   const hidden = [];
   article.querySelectorAll('.cell_input, div[class*="highlight-"]:not(.cell_output *), .math, mjx-container, ' +
-                           '.bibliography, .citation-list, div.citation, .headerlink').forEach(e => {
+                           '.bibliography, .citation-list, div.citation, .headerlink, ' +
+                           'details:not([open]) > :not(summary)').forEach(e => {
     hidden.push([e, e.style.display]);
     e.style.display = 'none';
   });
