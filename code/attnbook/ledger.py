@@ -98,8 +98,10 @@ STORES: tuple[Store, ...] = (
           "python benchmarks/bench_long_attention.py"),
     Store("bench_packing", 9, "packing against padding and bucketing: time per training step",
           "python benchmarks/bench_packing.py"),
-    Store("packing_full", 9, "packing's training runs at full size", "python -m attnbook.experiments.packing --mode full --out results/packing_full.csv",
-          needs="a GPU"),
+    Store("packing_full", 9, "packing's training runs at full size",
+          "python -m attnbook.experiments.packing --mode full --out results/packing_full.csv", needs="a GPU"),
+    Store("audit", 10, "the padding audit of every subject, three seeds and two sets of lengths",
+          "python -m attnbook.audit --out results/audit.csv"),
 )
 
 
