@@ -92,7 +92,7 @@ STORES: tuple[Store, ...] = (
           "--workers 2 --out results/transformer_translation_cpu.csv"),
     Store("transformer_translation_full", 8, "the Transformer translator at the paper's sizes",
           "tools/gpu_job.sh transformer_translation OUT_DIR, then python -m attnbook.store merge (README)", needs="a GPU"),
-    Store("sinks_full", 9, "attention sinks: what a trained model puts on its first tokens",
+    Store("sinks_full", 9, "attention sinks: where a query puts its weight when no key matches (a retrieval task)",
           "python -m attnbook.experiments.sinks --mode full --workers 2 --out results/sinks_full.csv"),
     Store("bench_long_attention", 9, "time and memory of attention over long sequences",
           "python benchmarks/bench_long_attention.py"),
