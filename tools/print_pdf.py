@@ -38,10 +38,15 @@ html, body, .bd-container, .bd-container__inner, .bd-page-width, .bd-main, .bd-c
 .bd-article { max-width: 100% !important; width: 100% !important; margin: 0 !important; padding: 0 !important; }
 .bd-container__inner { display: block !important; }
 pre { white-space: pre-wrap !important; word-break: break-word; overflow: visible !important; }
+/* 88-character code lines (black's width) fit A4's text width at this size; longer output lines wrap. */
+pre, pre code { font-size: 11px !important; line-height: 1.35 !important; }
 img, svg, figure { max-width: 100% !important; height: auto; }
 details, details > * { display: block !important; }
 details > summary { display: none !important; }
-figure, .cell_output img, mjx-container[display="true"], table, div.cell_input { break-inside: avoid; }
+figure, .cell_output img, mjx-container[display="true"], table { break-inside: avoid; }
+/* The theme keeps code blocks and admonitions whole, which leaves half-empty pages; on paper they may break. */
+div.highlight, div[class*="highlight-"], div.literal-block-wrapper, .admonition, div.admonition, pre {
+  break-inside: auto !important; display: block !important; }
 h1, h2, h3, h4 { break-after: avoid; }
 .chapter-start { break-before: page; }
 .print-title-page { break-after: page; text-align: center; padding-top: 55mm !important; }
