@@ -89,7 +89,7 @@ def test_matches_torch_sdpa_fp64(mask_name, block_size, query_block_size):
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])
-@pytest.mark.parametrize("d_k, d_v", [(1, 1), (8, 5), (64, 64), (0, 3)])
+@pytest.mark.parametrize("d_k, d_v", [(1, 1), (8, 5), (64, 64)])  # d_k = 0 is rejected (test_attention.py)
 def test_head_dims_and_checkpoint_fp32(checkpoint, d_k, d_v):
     q, k, v = _qkv(torch.float32, batch=(2, 3), n_q=20, n_k=23, d_k=d_k, d_v=d_v)
     mask = (torch.arange(23) < torch.tensor([23, 5])[:, None])[:, None, None, :]  # (batch, 1, 1, n_k)

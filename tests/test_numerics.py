@@ -225,24 +225,20 @@ def test_multi_head_with_no_queries_or_no_keys(n_q, n_k, need_weights):
 
 
 @pytest.mark.parametrize("return_weights", PATHS)
-@pytest.mark.parametrize("scale", [None, 2.0])
-def test_d_k_zero_gives_uniform_weights_as_in_torch(return_weights, scale):
-    g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 3, 0), torch.randn(2, 4, 0), torch.randn(2, 4, 5, generator=g)
-    mask = torch.tensor([[True, False, True, False], [False] * 4, [True] * 4])
-    res = scaled_dot_product_attention(q, k, v, mask, scale=scale, return_weights=return_weights)
-    out = res[0] if return_weights else res
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~mask.any(-1, keepdim=True), scale=scale)
-    torch.testing.assert_close(out, torch.where(mask.any(-1, keepdim=True), ref, 0.0))
-    torch.testing.assert_close(out[:, 0], v[:, [0, 2]].mean(1))
-    if return_weights:
-        torch.testing.assert_close(res[1], (mask / mask.sum(-1, keepdim=True).clamp(min=1)).expand(2, 3, 4))
-
-
-def test_dot_product_module_with_d_zero():
+def test_d_k_zero_is_an_error_where_torch_gives_uniform_weights(return_weights):
+    """With d_k = 0 there is nothing to compare: torch's SDPA silently averages the values (uniform weights); the
+    book's functions raise, naming the argument (issue 33)."""
     q, k, v = torch.randn(2, 3, 0), torch.randn(2, 4, 0), torch.randn(2, 4, 5)
-    out = DotProductAttention()(q, k, v)
-    torch.testing.assert_close(out, v.mean(1, keepdim=True).expand(2, 3, 5))
+    ref = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(ref, v.mean(1, keepdim=True).expand(2, 3, 5))   # what torch does
+    with pytest.raises(ValueError, match=r"queries have a zero-width last dim \(d_k = 0\)"):
+        scaled_dot_product_attention(q, k, v, return_weights=return_weights)
+
+
+def test_dot_product_module_rejects_d_zero():
+    q, k, v = torch.randn(2, 3, 0), torch.randn(2, 4, 0), torch.randn(2, 4, 5)
+    with pytest.raises(ValueError, match=r"d_k = 0"):
+        DotProductAttention()(q, k, v)
 
 
 # ---------------------------------------------------------------- gumbel_softmax

