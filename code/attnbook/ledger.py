@@ -91,7 +91,8 @@ STORES: tuple[Store, ...] = (
           "python -m attnbook.experiments.transformer_translation --mode cpu --models transformer --seeds 3 "
           "--workers 2 --out results/transformer_translation_cpu.csv"),
     Store("transformer_translation_full", 8, "the Transformer translator at the paper's sizes",
-          "tools/gpu_job.sh transformer_translation OUT_DIR, then python -m attnbook.store merge (README)", needs="a GPU"),
+          "tools/gpu_job.sh transformer_translation OUT_DIR, then python -m attnbook.store merge (README)",
+          needs="a GPU"),
     Store("sinks_full", 9, "attention sinks: where a query puts its weight when no key matches (a retrieval task)",
           "python -m attnbook.experiments.sinks --mode full --workers 2 --out results/sinks_full.csv"),
     Store("bench_long_attention", 9, "time and memory of attention over long sequences",
@@ -144,13 +145,10 @@ def _device(text: Any) -> str:
     return str(text).replace("(1 threads", "(1 thread") if text else "?"
 
 
-def _count_runs(name: str, folder: Path, record: Mapping[str, Any]) -> int | None:
-    if record.get("n_runs") is not None:
-        return int(record["n_runs"])
+def _runs(name: str, folder: Path) -> pd.DataFrame | None:
+    """The store's main table ``<name>.csv``, or ``None`` (a benchmark may have none)."""
     csv = folder / f"{name}.csv"
-    if csv.is_file():
-        return len(pd.read_csv(csv))
-    return None
+    return pd.read_csv(csv) if csv.is_file() else None
 
 
 def _sizes(config: Any) -> str:
@@ -167,14 +165,6 @@ def _sizes(config: Any) -> str:
     return ", ".join(parts)
 
 
-def _seeds(name: str, folder: Path) -> int | None:
-    csv = folder / f"{name}.csv"
-    if not csv.is_file():
-        return None
-    frame = pd.read_csv(csv)
-    return int(frame["seed"].nunique()) if "seed" in frame.columns else None
-
-
 def summarize(store: Store, folder: str | Path | None = None) -> dict[str, Any] | None:
     """What the record of ``store`` says about how it was made, as one flat dict (``None`` if it is not stored):
     ``store, chapter, backs, runs, seeds, mode, devices, versions, commits, first, last, wall_h, sessions,
@@ -183,6 +173,7 @@ def summarize(store: Store, folder: str | Path | None = None) -> dict[str, Any] 
     record = read_record(store.name, folder)
     if record is None:
         return None
+    runs = _runs(store.name, folder)
     sessions = _sessions(record)
     dates = sorted(str(s.get("started_utc") or s.get("date_utc") or "")[:10] for s in sessions if
                    s.get("started_utc") or s.get("date_utc"))
@@ -193,7 +184,8 @@ def summarize(store: Store, folder: str | Path | None = None) -> dict[str, Any] 
     versions = f"torch {record.get('torch', '?')}, numpy {record.get('numpy', '?')}, python {record.get('python', '?')}"
     return {
         "store": store.name, "chapter": store.chapter, "backs": store.backs,
-        "runs": _count_runs(store.name, folder, record), "seeds": _seeds(store.name, folder),
+        "runs": int(record["n_runs"]) if record.get("n_runs") is not None else (None if runs is None else len(runs)),
+        "seeds": int(runs["seed"].nunique()) if runs is not None and "seed" in runs.columns else None,
         "mode": record.get("mode", "?"), "devices": "; ".join(devices), "versions": versions,
         "commits": ", ".join(commits), "first": dates[0] if dates else "?", "last": dates[-1] if dates else "?",
         "wall_h": wall / 3600, "sessions": len(sessions), "backends": ", ".join(backends),

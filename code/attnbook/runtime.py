@@ -18,6 +18,7 @@ import random
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -281,7 +282,6 @@ def parallel_backend(name: str = "local", scheduler: str | None = None) -> Itera
     try:
         yield
     finally:
-        _BACKEND.clear()
         _BACKEND.update(before)
 
 
@@ -308,18 +308,13 @@ def _dask_tasks(function: Any, arguments: list[tuple], workers: int, ordered: bo
                                dashboard_address=None)
     client = Client(cluster if cluster is not None else scheduler)
     try:
-        counts: dict[int, int] = {}
-        for args in arguments:
-            for value in args:
-                if not _is_scalar(value):
-                    counts[id(value)] = counts.get(id(value), 0) + 1
-        shared = {key: None for key, n in counts.items() if n > 1}
-        objects = {id(v): v for args in arguments for v in args if id(v) in shared}
-        if objects:
-            keys = list(objects)
-            for key, future in zip(keys, client.scatter([objects[k] for k in keys], broadcast=True, hash=False)):
-                shared[key] = future
-        futures = [client.submit(function, *[shared.get(id(v)) or v for v in args], pure=False)
+        # every non-scalar argument object that more than one task shares, by identity
+        counts = Counter(id(v) for args in arguments for v in args if not _is_scalar(v))
+        shared = {id(v): v for args in arguments for v in args if counts[id(v)] > 1}
+        scattered = {}
+        if shared:
+            scattered = dict(zip(shared, client.scatter(list(shared.values()), broadcast=True, hash=False)))
+        futures = [client.submit(function, *(scattered.get(id(v), v) for v in args), pure=False)
                    for args in arguments]
         finished = futures if ordered else as_completed(futures)
         for future in finished:
