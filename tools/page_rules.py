@@ -2,7 +2,8 @@
 
 One list of patterns and limits, used in two places:
 - ``tests_site/test_reader_view.py`` and ``tests_site/test_page_rules.py`` apply them to the built website;
-- ``python tools/page_rules.py EXECUTED.ipynb [...]`` applies them to an executed notebook, with each glued value put
+- ``python tools/page_rules.py [--long] EXECUTED.ipynb [...]`` applies them to an executed notebook (and reports its
+  prose: words, sentences over 40 words, numbers per 100 words; ``--long`` prints the long sentences), with each glued value put
   in place of its ``{glue:text}`` role, so that an author can check a chapter without building the whole book::
 
       ATTNBOOK_NO_PROGRESS=1 .venv/bin/jupyter nbconvert --to notebook --execute \\
@@ -47,6 +48,15 @@ BOOKKEEPING: dict[str, re.Pattern] = {
 
 MAX_CODE_LINES_BEFORE_FIRST_SECTION = 25
 MAX_QUESTION_BOX_WORDS = 120
+#: A sentence a reader reads once has at most about this many words ...
+LONG_SENTENCE_WORDS = 40
+#: ... and a group of chapters (1-3, 4-6, 7-9) has at most this share of longer sentences in its prose ...
+MAX_LONG_SENTENCE_SHARE = 0.06
+#: ... and at most this many numbers per 100 words of prose (numbers go into tables; prose says what they mean).
+MAX_NUMBERS_PER_100_WORDS = 3.5
+#: The chapter groups whose prose the two limits above apply to (file name prefixes).
+CHAPTER_GROUPS = {"chapters 1-3": ("01", "02", "03"), "chapters 4-6": ("04", "05", "06"),
+                  "chapters 7-9": ("07", "08", "09")}
 #: Tags that keep a code cell's source off the page (a ``hide-input`` cell shows a one-line summary instead).
 HIDDEN_SOURCE_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
 
@@ -66,6 +76,114 @@ def words(text: str) -> int:
     return sum(1 for token in text.split() if re.search(r"[A-Za-z0-9]", token))
 
 
+_ABBREVIATIONS = re.compile(r"\b(?:e\.g|i\.e|et al|Fig|Figs|Eq|Eqs|Sec|cf|vs|approx|resp|No|Ch|Ex)\.$", re.I)
+#: A number in prose: digits standing alone (not inside a name such as fp16, d_k or H100), with a sign, decimals,
+#: thousands separators or a percent sign.
+_NUMBER = re.compile(r"(?<![\w.])[-+−±]?\d[\d,]*(?:\.\d+)?(?:e[-+−]?\d+)?%?(?![\w])")
+#: A number right after one of these words names a place in the book (Fig. 4.8, chapter 5, Eq. 1.6), not a result.
+_REFERENCE = re.compile(r"(?:\b(?:Fig|Figs|Figure|Figures|Eq|Eqs|Equation|Equations|Section|Sections|Chapter|Chapters|"
+                        r"Table|Tables|Exercise|Exercises|Step|Listing|Sec|Appendix)\.?|§)\s*\(?$", re.I)
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text``: each line (a paragraph, a list item, a caption) split after ``.``, ``!`` or ``?``
+    followed by a space and a capital letter, a digit or an opening bracket, unless the full stop ends an
+    abbreviation (e.g., i.e., et al., Fig., Eq.). Lines without a word are dropped."""
+    out = []
+    for line in text.splitlines():
+        start = 0
+        for match in re.finditer(r"[.!?][)\]”\"']?\s+(?=[A-Z0-9(\[“\"‘'−-])", line):
+            if _ABBREVIATIONS.search(line[start:match.start() + 1]):
+                continue
+            out.append(line[start:match.end()].strip())
+            start = match.end()
+        out.append(line[start:].strip())
+    return [s for s in out if words(s)]
+
+
+def numbers(text: str) -> list[str]:
+    """The numbers in ``text`` that report something: references to figures, equations, chapters, sections, tables
+    and exercises are left out."""
+    return [m.group(0) for m in _NUMBER.finditer(text) if not _REFERENCE.search(text[max(0, m.start() - 14):m.start()])]
+
+
+def prose_stats(text: str) -> dict:
+    """``words``, ``sentences``, ``long`` (sentences over :data:`LONG_SENTENCE_WORDS` words), ``long_share``,
+    ``numbers`` and ``numbers_per_100_words`` of some prose (code, tables and math already taken out)."""
+    all_sentences = sentences(text)
+    n_words = sum(words(s) for s in all_sentences)
+    long = [s for s in all_sentences if words(s) > LONG_SENTENCE_WORDS]
+    n_numbers = sum(len(numbers(s)) for s in all_sentences)
+    return {"words": n_words, "sentences": len(all_sentences), "long": long,
+            "long_share": len(long) / max(len(all_sentences), 1), "numbers": n_numbers,
+            "numbers_per_100_words": 100 * n_numbers / max(n_words, 1)}
+
+
+def combine_stats(stats: list[dict]) -> dict:
+    """The :func:`prose_stats` of several pages taken together."""
+    n_words = sum(s["words"] for s in stats)
+    n_sentences = sum(s["sentences"] for s in stats)
+    n_numbers = sum(s["numbers"] for s in stats)
+    long = [x for s in stats for x in s["long"]]
+    return {"words": n_words, "sentences": n_sentences, "long": long, "long_share": len(long) / max(n_sentences, 1),
+            "numbers": n_numbers, "numbers_per_100_words": 100 * n_numbers / max(n_words, 1)}
+
+
+def _without_dropdowns(markdown: str) -> str:
+    """``markdown`` without the directives a reader sees collapsed (``{dropdown}`` or ``:class: dropdown``)."""
+    lines, out, i = markdown.splitlines(), [], 0
+    while i < len(lines):
+        opener = re.match(r"^\s*(`{3,}|:{3,})\{([\w:-]+)\}", lines[i])
+        if opener:
+            fence, j = opener.group(1), i + 1
+            options = []
+            while j < len(lines) and re.match(r"^\s*:[\w-]+:", lines[j]):
+                options.append(lines[j])
+                j += 1
+            if opener.group(2) == "dropdown" or any(re.search(r":class:.*\bdropdown\b", o) for o in options):
+                while j < len(lines) and lines[j].strip() != fence:
+                    j += 1
+                i = j + 1
+                continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+def notebook_prose(notebook: dict) -> str:
+    """The prose of an executed notebook as the page shows it, roughly: markdown cells with glued values in place,
+    without code, tables, math, headings or the contents of collapsed dropdowns."""
+    values = glued_values(notebook)
+    parts = []
+    for cell in notebook.get("cells", []):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = render_glue(_source(cell), values)
+        text = _without_dropdowns(text)
+        prose = _strip_markup(text)
+        prose = re.sub(r"\$[^$\n]+\$", " ", prose)  # inline math
+        prose = re.sub(r"`[^`\n]*`", " ", prose)  # inline code
+        prose = "\n".join(line for line in prose.splitlines() if not line.lstrip().startswith("#"))
+        prose = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", prose)  # links keep their text
+        paragraphs, current = [], []
+        for line in prose.splitlines():  # a paragraph or a list item is one line of the page
+            item = re.match(r"^\s*(?:[-*+]|\d+\.)\s+", line)
+            if not line.strip() or item:
+                paragraphs.append(" ".join(current))
+                current = []
+            if line.strip():
+                current.append(line[item.end():] if item else line.strip())
+        paragraphs.append(" ".join(current))
+        parts.append("\n".join(p for p in paragraphs if p.strip()))
+    return "\n".join(parts)
+
+
+def format_stats(name: str, stats: dict) -> str:
+    return (f"{name}: {stats['words']} words, {stats['sentences']} sentences, {len(stats['long'])} over "
+            f"{LONG_SENTENCE_WORDS} words ({stats['long_share']:.1%}; at most {MAX_LONG_SENTENCE_SHARE:.0%}), "
+            f"{stats['numbers_per_100_words']:.2f} numbers per 100 words (at most {MAX_NUMBERS_PER_100_WORDS})")
+
+
 # --- on an executed notebook -----------------------------------------------------------------------------------
 
 def _source(cell: dict) -> str:
@@ -80,7 +198,8 @@ def glued_values(notebook: dict) -> dict[str, str]:
             scrap = output.get("metadata", {}).get("scrapbook", {})
             if "name" in scrap:
                 prefix = scrap.get("mime_prefix", "")
-                values[scrap["name"]] = "".join(output.get("data", {}).get(f"{prefix}text/plain", ""))
+                data = output.get("data", {})
+                values[scrap["name"]] = "".join(data.get(f"{prefix}text/plain", data.get("text/plain", "")))
     return values
 
 
@@ -189,9 +308,22 @@ def check_notebook(notebook: dict, name: str = "") -> list[str]:
 def main(argv: list[str]) -> int:
     if not argv:
         raise SystemExit(__doc__)
-    problems = []
-    for path in argv:
-        problems += check_notebook(json.loads(Path(path).read_text()), Path(path).name)
+    problems, stats = [], []
+    show_long = "--long" in argv
+    for path in [a for a in argv if a != "--long"]:
+        notebook = json.loads(Path(path).read_text())
+        glue = Path(path).with_suffix(".glue.json")  # the build's copy keeps its glued values beside the notebook
+        if glue.exists():
+            notebook.setdefault("cells", []).append({"cell_type": "code", "source": "", "metadata": {},
+                                                      "outputs": list(json.loads(glue.read_text()).values())})
+        problems += check_notebook(notebook, Path(path).name)
+        stats.append(prose_stats(notebook_prose(notebook)))
+        print(format_stats(Path(path).name, stats[-1]))
+        if show_long:
+            for sentence in stats[-1]["long"]:
+                print(f"  [{words(sentence)} words] {sentence}")
+    if len(stats) > 1:
+        print(format_stats("together", combine_stats(stats)))
     print("\n".join(problems) if problems else "no page rule broken")
     return 1 if problems else 0
 
