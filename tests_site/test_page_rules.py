@@ -5,7 +5,10 @@ the built site in headless Chromium at 1280 x 900, as a reader sees it:
 - no bookkeeping phrase (commits, sessions, store files, worker counts, ...) in the prose, captions or visible
   outputs (code cells' sources, code blocks and the references left out; collapsed dropdowns are not visible);
 - at most 25 visible code lines before the chapter's first section;
-- every box whose title is a question answers it in at most 120 words of prose.
+- every box whose title is a question answers it in at most 120 words of prose;
+- each group of three chapters (1-3, 4-6, 7-9) has at most 6% of its prose sentences over 40 words and at most 3.5
+  numbers per 100 words of prose (issues 34-36; tables, code, outputs, math, headings and collapsed dropdowns do not
+  count, nor do the numbers of links such as "Fig. 4.8" or a citation's year).
 
 Run with ``make site-test`` after ``make book``.
 """
@@ -57,8 +60,16 @@ MEASURE_JS = """
     e.style.display = 'none';
   });
   const prose = article.innerText;
+  // For the prose measures, also hide tables, the outputs of code cells (a figure's caption stays) and headings.
+  article.querySelectorAll('table, .cell_output pre, .cell_output img, .cell_output .text_html, ' +
+                           'h1, h2, h3, h4, h5, h6, .admonition-title, .sd-summary-title').forEach(e => {
+    hidden.push([e, e.style.display]);
+    e.style.display = 'none';
+  });
+  const statsProse = article.innerText;
+  const links = Array.from(article.querySelectorAll('a')).filter(visible).map(a => a.innerText);
   hidden.forEach(([e, display]) => e.style.display = display);
-  return {wide, codeLines, boxes, prose};
+  return {wide, codeLines, boxes, prose, statsProse, links};
 }
 """
 
@@ -104,7 +115,33 @@ def test_question_boxes_answer_in_few_words(measured, name):
         assert words <= page_rules.MAX_QUESTION_BOX_WORDS, f"{box['title']!r}: {words} words of prose"
 
 
+def page_stats(measurement: dict) -> dict:
+    """:func:`page_rules.prose_stats` of a page's prose, without the numbers in its links' texts."""
+    stats = page_rules.prose_stats(measurement["statsProse"])
+    link_numbers = sum(len(page_rules.numbers(text)) for text in measurement["links"])
+    stats["numbers"] = max(stats["numbers"] - link_numbers, 0)
+    stats["numbers_per_100_words"] = 100 * stats["numbers"] / max(stats["words"], 1)
+    return stats
+
+
+@pytest.mark.parametrize("group", sorted(page_rules.CHAPTER_GROUPS))
+def test_prose_reads_once(measured, group):
+    names = [n for n in CHAPTER_PAGES if n.split("/")[-1][:2] in page_rules.CHAPTER_GROUPS[group]]
+    assert len(names) == 3, names
+    stats = page_rules.combine_stats([page_stats(measured[n]) for n in names])
+    report = page_rules.format_stats(group, stats)
+    print(report)
+    assert stats["long_share"] <= page_rules.MAX_LONG_SENTENCE_SHARE, report + "; e.g. " + " | ".join(stats["long"][:3])
+    assert stats["numbers_per_100_words"] <= page_rules.MAX_NUMBERS_PER_100_WORDS, report
+
+
 def test_the_measurements_can_fail():
     """The checks above see what they should: the patterns find bookkeeping, the word count counts."""
     assert page_rules.bookkeeping("The store holds 188 runs over 12 sessions")
     assert page_rules.words("Mask: −∞ before the softmax, +0.30 points.") == 6  # "−∞" is not a word
+    text = ("Masking changed accuracy by +0.30 points (95% CI 0.1 to 0.5), see Fig. 5.4 and Eq. 1.6. "
+            "The pads took 7.2% of the weight, e.g. in chapter 5. " + "Word " * 41 + "end.\nA list item")
+    stats = page_rules.prose_stats(text)
+    assert stats["sentences"] == 4 and len(stats["long"]) == 1
+    assert page_rules.numbers(text) == ["+0.30", "95%", "0.1", "0.5", "7.2%"]  # not 5.4, 1.6 or 5
+    assert page_rules.numbers("fp16, d_k = 64, H100 and 1,024 tokens") == ["64", "1,024"]

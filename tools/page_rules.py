@@ -79,7 +79,7 @@ def words(text: str) -> int:
 _ABBREVIATIONS = re.compile(r"\b(?:e\.g|i\.e|et al|Fig|Figs|Eq|Eqs|Sec|cf|vs|approx|resp|No|Ch|Ex)\.$", re.I)
 #: A number in prose: digits standing alone (not inside a name such as fp16, d_k or H100), with a sign, decimals,
 #: thousands separators or a percent sign.
-_NUMBER = re.compile(r"(?<![\w.])[-+−±]?\d[\d,]*(?:\.\d+)?(?:e[-+−]?\d+)?%?(?![\w])")
+_NUMBER = re.compile(r"(?<![\w.])[-+−±]?\d(?:[\d,]*\d)?(?:\.\d+)?(?:e[-+−]?\d+)?%?(?![\w])")
 #: A number right after one of these words names a place in the book (Fig. 4.8, chapter 5, Eq. 1.6), not a result.
 _REFERENCE = re.compile(r"(?:\b(?:Fig|Figs|Figure|Figures|Eq|Eqs|Equation|Equations|Section|Sections|Chapter|Chapters|"
                         r"Table|Tables|Exercise|Exercises|Step|Listing|Sec|Appendix)\.?|§)\s*\(?$", re.I)
