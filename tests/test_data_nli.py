@@ -291,6 +291,26 @@ def test_load_snli_from_a_local_file_or_directory(tmp_path):
         load_snli("train", path=tmp_path)
 
 
+def test_load_snli_on_two_hand_written_lines(tmp_path):
+    """The demonstration that chapter 6 used to show: two lines in SNLI's format, one without a majority label."""
+    empty = {"sentence1_binary_parse": "", "sentence1_parse": "", "sentence2_binary_parse": "",
+             "sentence2_parse": ""}
+    lines = [
+        {"annotator_labels": ["entailment"], "captionID": "1.jpg#0", "gold_label": "entailment",
+         "pairID": "1.jpg#0r1e", "sentence1": "A dog runs across a field.",
+         "sentence2": "An animal is outside.", **empty},
+        {"annotator_labels": ["neutral", "contradiction"], "captionID": "1.jpg#0", "gold_label": "-",
+         "pairID": "1.jpg#0r1n", "sentence1": "A dog runs across a field.",
+         "sentence2": "The dog is chasing a cat.", **empty},
+    ]
+    (tmp_path / "snli_1.0_test.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    kept = load_snli("test", path=tmp_path)
+    assert len(kept) == 1
+    assert kept[0].label_name == "entailment" and kept[0].pair_id == "1.jpg#0r1e"
+    assert kept[0].premise == ("a", "dog", "runs", "across", "a", "field", ".")
+    assert kept[0].hypothesis == ("an", "animal", "is", "outside", ".")
+
+
 def test_load_snli_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="split must be one of .* got 'dev2'"):
         load_snli("dev2", path=FIXTURE)
