@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Text that each diagram must show: the symbols of the book's equations for that model, and the pads.
 EXPECTED = {
     "soft_lookup": ["$q$", "$k_5$ <pad>", "softmax", "False: $-\\infty$", "$o = \\sum_i \\alpha_i v_i$", "0.59", "0"],
+    "encoder_decoder_bottleneck": ["$c = h_n$", "$c_1$", "$c_3$", "$h_4$", "$s_3$",
+                                   "$c_t = \\sum_i \\alpha_{ti} h_i$", "fixed size"],
     "bahdanau_luong_steps": ["$s_{t-1}$", "$e_{ti} = v_a^\\top \\tanh(W_a s_{t-1} + U_a h_i)$", "$h_t$",
                              "$e_{ti} = h_t^\\top W_a h_i$", "$\\tilde h_t = \\tanh(W_c [c_t; h_t])$",
                              "$c_t = \\sum_i \\alpha_{ti} h_i$", "$[e(y_{t-1}); \\tilde h_{t-1}]$", "<pad>", "GRU",
@@ -57,8 +59,8 @@ def drawn() -> dict[str, tuple[Figure, bytes]]:
 
 def test_every_diagram_is_listed_and_checked():
     assert set(diagrams.DIAGRAMS) == set(EXPECTED) == {
-        "soft_lookup", "bahdanau_luong_steps", "han_pooling", "decomposable_attention", "glimpse_captioner",
-        "transformer_block"}
+        "soft_lookup", "encoder_decoder_bottleneck", "bahdanau_luong_steps", "han_pooling", "decomposable_attention",
+        "glimpse_captioner", "transformer_block"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

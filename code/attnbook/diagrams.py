@@ -5,6 +5,7 @@ nothing is shown or kept open behind the caller's back):
 
 - :func:`soft_lookup`: one query against five keys, one of them a masked pad (chapter 1, "From hard lookup to soft
   lookup"; :mod:`attnbook.masking`);
+- :func:`encoder_decoder_bottleneck`: one fixed context against a context per decoder step (chapter 4);
 - :func:`bahdanau_luong_steps`: one decoder step of Bahdanau et al. (2015) beside one of Luong et al. (2015)
   (chapter 4; :class:`attnbook.seq2seq.AttentionDecoder`);
 - :func:`han_pooling`: HAN attention pooling over a padded batch (Yang et al. 2016; chapter 5;
@@ -43,7 +44,8 @@ from matplotlib.path import Path
 from .masking import masked_softmax
 from .plotting import BOOK_STYLE
 
-__all__ = ["soft_lookup", "bahdanau_luong_steps", "han_pooling", "decomposable_attention", "glimpse_captioner",
+__all__ = ["soft_lookup", "encoder_decoder_bottleneck", "bahdanau_luong_steps", "han_pooling",
+           "decomposable_attention", "glimpse_captioner",
            "transformer_block", "to_svg", "DIAGRAMS"]
 
 # ----------------------------------------------------------------------------------------------- palette
@@ -252,6 +254,49 @@ def soft_lookup() -> Figure:
                 d.arrow(value, out, color=ROLES["value"][1], lw=0.6 + 6.0 * a)
         d.text(8.0, 0.5, "The pad's score is set to $-\\infty$ before the softmax: its weight is exactly 0, and the "
                          "real keys' weights sum to 1.", size=SMALL, color=MASK_RED)
+        return d.fig
+
+
+def encoder_decoder_bottleneck() -> Figure:
+    """The bottleneck of an encoder-decoder, and how attention removes it.
+
+    Left: without attention the encoder's states ``h_1..h_4`` feed only the last one, ``c = h_n``, a vector of fixed
+    size that every decoder state ``s_t`` reads (Cho et al. 2014; Sutskever et al. 2014). Right: with attention
+    each decoder step reads its own context ``c_t = sum_i alpha_ti h_i`` over all encoder states, the line widths
+    drawn from a softmax of fixed scores that favour the aligned source position (Bahdanau et al. 2015). Chapter 4,
+    section "The encoder-decoder bottleneck" (eqs. eq-fixed-context and eq-dynamic-context).
+
+    Returns:
+        The figure (7.2 x 3.7 in).
+    """
+    with mpl.rc_context(BOOK_STYLE):
+        d = _Drawing(16, 8.2)
+        d.ax.plot([8.0, 8.0], [0.35, 7.85], color=PANEL_EDGE, lw=0.8, zorder=1)
+        for ox, title in ((0.0, "without attention: one fixed vector"),
+                          (8.0, "with attention: a new context at every step")):
+            d.text(ox + 4.0, 7.45, title, size=10)
+            states = d.row([f"$h_{i}$" for i in range(1, 5)], ox + 1.6, 1.3, w=0.8, h=0.6, step=1.6, role="key")
+            for a, b in zip(states, states[1:]):
+                d.arrow(a, b, color=MUTED, lw=0.8)
+            d.text(ox + 4.0, 0.6, "encoder states (one per source word)", size=SMALL, color=MUTED)
+            decoder = d.row([f"$s_{t}$" for t in range(1, 4)], ox + 2.0, 6.1, w=0.8, h=0.6, step=2.0, role="state")
+            for a, b in zip(decoder, decoder[1:]):
+                d.arrow(a, b, color=MUTED, lw=0.8)
+            d.text(ox + 6.85, 6.1, "decoder", size=SMALL, color=MUTED, ha="left")
+            if ox == 0.0:
+                context = d.box(ox + 4.0, 3.7, 1.7, 0.7, "$c = h_n$", role="output")
+                d.arrow(states[-1], context, color=ROLES["value"][1], lw=1.2)
+                d.text(ox + 1.6, 3.7, "fixed size,\nany length", size=SMALL, color=MASK_RED)
+                for s in decoder:
+                    d.arrow(context, s, color=ROLES["value"][1], lw=1.0)
+            else:
+                for t, s in enumerate(decoder):
+                    c_t = d.box(s.x, 3.9, 0.8, 0.6, f"$c_{t + 1}$", role="value")
+                    weights = _softmax([-1.5 * abs(i - 1.5 * t) for i in range(4)], [True] * 4)
+                    for h, a in zip(states, weights):
+                        d.arrow(h.top, c_t.bottom, color=ROLES["value"][1], lw=0.3 + 3.0 * a, head=False)
+                    d.arrow(c_t, s, color=ROLES["value"][1], lw=1.2)
+                d.text(ox + 3.0, 5.0, "$c_t = \\sum_i \\alpha_{ti} h_i$", size=SMALL, color=ROLES["value"][1])
         return d.fig
 
 
@@ -669,5 +714,5 @@ def transformer_block() -> Figure:
 
 
 #: The diagram functions by name (for tests and for regenerating all of them).
-DIAGRAMS = {f.__name__: f for f in (soft_lookup, bahdanau_luong_steps, han_pooling, decomposable_attention,
-                                     glimpse_captioner, transformer_block)}
+DIAGRAMS = {f.__name__: f for f in (soft_lookup, encoder_decoder_bottleneck, bahdanau_luong_steps, han_pooling,
+                                     decomposable_attention, glimpse_captioner, transformer_block)}
