@@ -365,3 +365,154 @@ def test_explanation_stored_summary_gives_both_means():
                                               "for learned attention;")
     with pytest.raises(ValueError, match="runs is empty"):
         ex.stored_summary(runs.iloc[:0])
+
+
+# --- chapter 7's sentences at their edge values ----------------------------------------------------------------
+
+def test_half_sentence_at_its_edges():
+    assert ha.half_sentence({"soft": 200, "gumbel": 400, "hard": None}, 800) == (
+        "Held-out token accuracy first exceeds one half at step 200 for soft attention and step 400 for Gumbel. "
+        "REINFORCE does not reach one half within 800 steps.")
+    assert ha.half_sentence({"soft": 200, "gumbel": None, "hard": None}, 800).endswith(
+        "Gumbel and REINFORCE do not reach one half within 800 steps.")
+    assert ha.half_sentence({"soft": 0, "hard": 1}, 1) == (
+        "Held-out token accuracy first exceeds one half at step 0 for soft attention and step 1 for REINFORCE.")
+    assert ha.half_sentence({"soft": None, "hard": None}, 1) == (
+        "Held-out token accuracy does not exceed one half within 1 step for any decoder.")
+    for half in ({"soft": None}, {"soft": 5, "hard": None}):
+        text = ha.half_sentence(half, 800)
+        assert "at not" not in text and "None" not in text
+    with pytest.raises(ValueError, match="half is empty"):
+        ha.half_sentence({}, 800)
+
+
+def test_own_digit_sentence_at_its_edges():
+    assert ha.own_digit_sentence([0.99, 0.9904]) == (
+        "On this canvas, each generated token puts 0.99 of its weight on the grid columns of the digit it should name.")
+    assert "between 0.95 and 0.99 of" in ha.own_digit_sentence(torch.tensor([0.95, 0.99, 0.97]))
+    assert "between" not in ha.own_digit_sentence([0.0, 0.0])
+    assert ha.own_digit_sentence([1.0], where="") == (
+        "The generated token puts 1.00 of its weight on the grid columns of the digit it should name.")
+    assert ha.own_digit_sentence([0.5]).startswith("On this canvas, the generated token puts 0.50")
+    with pytest.raises(ValueError, match="shares is empty"):
+        ha.own_digit_sentence([])
+
+
+@pytest.mark.parametrize("bias_a, bias_b, var_a, var_b, expected", [
+    (0.1, 0.2, 1.0, 2.0, "A beats B on both bias and variance"),
+    (0.3, 0.2, 3.0, 2.0, "B beats A on both bias and variance"),
+    (0.1, 0.2, 3.0, 2.0, "A has the smaller bias and B the smaller variance"),
+    (0.3, 0.2, 1.0, 2.0, "B has the smaller bias and A the smaller variance"),
+    (0.2, 0.2, 2.0, 2.0, "A and B have the same bias and the same variance"),
+    (0.0, 0.0, 1.0, 2.0, "A and B have the same bias, and A the smaller variance"),
+    (0.1, 0.2, 0.0, 0.0, "A and B have the same variance, and A the smaller bias"),
+])
+def test_compare_estimators_names_each_case(bias_a, bias_b, var_a, var_b, expected):
+    assert ha.compare_estimators("A", "B", bias_a, bias_b, var_a, var_b) == expected
+
+
+def test_order_sentence_never_claims_what_the_toy_problem_does_not_show():
+    text = ha.order_sentence(["soft", "gumbel", "hard"], None, "gumbel")
+    assert text.startswith("By held-out token accuracy the decoders rank soft attention, then Gumbel, then REINFORCE.")
+    assert "does not predict that Gumbel comes before REINFORCE" in text and "which fits the order" in text
+    assert "matches" not in text
+    assert "is what the toy problem predicts" in ha.order_sentence(["gumbel", "soft", "hard"], "gumbel", None)
+    opposite = ha.order_sentence(["soft", "gumbel", "hard"], "hard", "hard")
+    assert "predicts the opposite order" in opposite and "does not explain the order" in opposite
+    assert "REINFORCE comes before Gumbel" in ha.order_sentence(["hard", "gumbel", "soft"], None, None)
+    with pytest.raises(ValueError, match="must name 'hard' and 'gumbel'"):
+        ha.order_sentence(["soft", "hard"], None, None)
+    with pytest.raises(ValueError, match="toy_winner must be"):
+        ha.order_sentence(["soft", "hard", "gumbel"], "soft", None)
+
+
+def test_paper_sentence_counts_the_data_sets():
+    index = pd.MultiIndex.from_product([["A", "B", "C"], ["soft", "hard"]], names=["data set", "attention"])
+    table = pd.DataFrame({"BLEU-4": [1, 2, 1, 2, 1, 2], "METEOR": [2, 1, 1, 1, 1, 2]}, index=index)
+    assert ha.paper_sentence(table) == ("In the paper, hard attention has the higher BLEU-4 on all three data sets, "
+                                        "and soft attention the higher METEOR on A.")
+    table["BLEU-4"] = 1
+    table["METEOR"] = [2, 1, 2, 1, 1, 2]
+    assert ha.paper_sentence(table).endswith("BLEU-4 on none of the data sets, and soft attention the higher METEOR "
+                                             "on A and B.")
+
+
+def test_uniformity_sentence_and_its_threshold():
+    text, flat = ex.uniformity_sentence(0.0085, 0.005, 1.7)
+    assert flat and text == ("This model's attention is nearly uniform: the median test review puts at most 0.009 of "
+                             "its weight on any one token, where uniform weights would give each token 0.005.")
+    assert ex.uniformity_sentence(0.005, 0.005, 1.0)[1]
+    text, flat = ex.uniformity_sentence(0.9, 0.01, 90.0)
+    assert not flat and text.startswith("This model's attention is peaked:")
+    assert not ex.uniformity_sentence(0.03, 0.01, ex.NEARLY_UNIFORM_RATIO)[1]
+    with pytest.raises(ValueError, match="at least 1"):
+        ex.uniformity_sentence(0.004, 0.005, 0.8)
+    with pytest.raises(ValueError, match="positive"):
+        ex.uniformity_sentence(0.0, 0.005, 1.0)
+
+
+def test_attention_peaks_of_uniform_and_learned_attention(ex_data):
+    test = ex_data["test"]
+    torch.manual_seed(0)
+    uniform = ex.attention_peaks(AttentionClassifier(ex_data["vocab_size"], embed_size=8, encoder="none",
+                                                     uniform=True), test, batch_size=7)
+    assert len(uniform) == len(test["labels"]) and np.allclose(uniform.uniform, 1 / test["lengths"])
+    assert np.allclose(uniform.ratio, 1.0, atol=1e-5) and np.allclose(uniform.max_weight, uniform.uniform)
+    model, _ = ex.train_classifier(EX_CFG, ex_data, show_progress=False)
+    peaks = ex.attention_peaks(model, test)
+    assert (peaks.ratio >= 1 - 1e-5).all() and (peaks.ratio <= peaks.length + 1e-5).all()
+
+
+def test_twin_verdict_and_meaning():
+    assert ex.twin_verdict(0.01, 0.03)[1] == "learned attention ahead beyond test-set noise"
+    assert ex.twin_verdict(-0.03, -0.01)[1] == "the uniform twin ahead beyond test-set noise"
+    for low, high in ((-0.01, 0.01), (0.0, 0.0), (0.0, 0.02), (-0.02, 0.0)):
+        assert ex.twin_verdict(low, high)[1] == "within test-set noise"
+    with pytest.raises(ValueError, match="low must not exceed high"):
+        ex.twin_verdict(0.1, 0.0)
+    assert "this model only" in ex.twin_meaning(False, True)
+    assert "this model only" in ex.twin_meaning(True, True)
+    assert "this model only" not in ex.twin_meaning(True, False)
+    assert ex.twin_meaning(False, False).startswith("So this task can be solved without choosing tokens")
+
+
+def test_interval_phrase_at_equal_bounds():
+    assert ex.interval_phrase(-0.0301, -0.0084) == "(95% bootstrap interval over the test reviews -0.030 to -0.008)"
+    assert ex.interval_phrase(0.0, 0.0) == "(the same, +0.000, on every bootstrap resample of the test reviews)"
+    assert ex.interval_phrase(0.01, 0.0104) == "(the same, +0.010, on every bootstrap resample of the test reviews)"
+    with pytest.raises(ValueError, match="low must not exceed high"):
+        ex.interval_phrase(0.1, 0.0)
+
+
+def test_tau_word_and_tau_above_half_sentence():
+    assert [ex.tau_word(t) for t in (-0.5, 0.0, 0.1, 0.3, 0.6, 1.0, float("nan"))] == [
+        "hardly", "hardly", "loosely", "moderately", "closely", "closely", "hardly"]
+    assert ex.tau_above_half_sentence(0, 0, 50) == (
+        "τ exceeds one half in no review, neither for attention against gradient nor for gradient against "
+        "leave-one-out.")
+    assert ex.tau_above_half_sentence(1, 1, 1) == (
+        "τ exceeds one half in every review, both for attention against gradient and for gradient against "
+        "leave-one-out.")
+    assert ex.tau_above_half_sentence(1, 0, 50) == (
+        "τ exceeds one half in 1 of 50 reviews for attention against gradient, and in no review for gradient "
+        "against leave-one-out.")
+    assert "in every review for gradient" in ex.tau_above_half_sentence(0, 2, 2)
+    with pytest.raises(ValueError, match="counts <= total"):
+        ex.tau_above_half_sentence(3, 0, 2)
+    with pytest.raises(ValueError, match="counts <= total"):
+        ex.tau_above_half_sentence(0, 0, 0)
+
+
+def test_explanation_verdict_is_limited_to_the_model_tested():
+    text = ex.explanation_verdict(False, True, "loosely", True, True)
+    assert text.startswith("The verdict holds for this model, whose attention is nearly uniform.")
+    assert "its uniform twin is more accurate" in text and "not, by themselves, a faithful account" in text
+    tie = ex.explanation_verdict(False, False, "hardly", False, False)
+    assert tie.startswith("The verdict holds for this model.") and "as accurate, within test-set noise" in tie
+    assert "Very different weights" not in tie
+    good = ex.explanation_verdict(True, False, "closely", True, False)
+    assert "it beats its uniform twin" in good and "point to tokens that matter" in good
+    with pytest.raises(ValueError, match="cannot both hold"):
+        ex.explanation_verdict(True, True, "loosely", True, True)
+    with pytest.raises(ValueError, match="word of tau_word"):
+        ex.explanation_verdict(False, False, "somewhat", True, True)

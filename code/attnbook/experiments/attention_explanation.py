@@ -56,7 +56,10 @@ from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_
 from . import masking
 
 __all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "train_twins", "predict", "accuracy",
-           "accuracy_difference", "explanation_tests", "run_one", "stored_summary", "main", "LAYOUT", "ATTENTIONS"]
+           "accuracy_difference", "explanation_tests", "run_one", "stored_summary", "main", "LAYOUT", "ATTENTIONS",
+           "NEARLY_UNIFORM_RATIO", "attention_peaks", "uniformity_sentence", "twin_verdict", "interval_phrase",
+           "twin_meaning",
+           "tau_word", "tau_above_half_sentence", "explanation_verdict"]
 
 
 @dataclass(frozen=True)
@@ -403,6 +406,177 @@ def main(argv: list[str] | None = None) -> int:
         summary = store.frame()
     print(summary.to_string(index=False))
     return 0
+
+
+# --- chapter 7's sentences, chosen by code (each tested at its edge values in tests/test_experiments_ch7.py) -------
+
+#: Attention counts as nearly uniform when the median review's largest weight is less than this many times the
+#: weight ``1 / n`` that uniform attention gives each of its ``n`` tokens.
+NEARLY_UNIFORM_RATIO = 3.0
+
+
+@torch.no_grad()
+def attention_peaks(model: nn.Module, part: dict, device: str | torch.device = "cpu", batch_size: int = 500
+                    ) -> pd.DataFrame:
+    """How far each review's attention is from uniform: one row per review of ``part`` (:func:`prepare_reviews`)
+    with ``length`` (real tokens ``n``), ``max_weight`` (the largest attention weight), ``uniform`` (``1 / n``, the
+    weight of every token under uniform attention) and ``ratio`` (``max_weight * n``: 1 for uniform attention, ``n``
+    for attention on one token). For a :class:`~attnbook.models.BiGRUClassifier` with attention pooling or any model
+    of :mod:`attnbook.interpret`'s protocol; leaves the model in eval mode. Chapter 7, section "Chapter 5's
+    classifier and its uniform twin"."""
+    view = _view(model).eval()
+    n = len(part["labels"])
+    peaks = np.zeros(n)
+    for start in range(0, n, batch_size):
+        index = np.arange(start, min(start + batch_size, n))
+        ids, lengths, _ = masking._batch(part, index, "post")
+        _, weights = view(ids.to(device), lengths.to(device))
+        peaks[index] = weights.max(-1).values.cpu().numpy()
+    lengths = np.asarray(part["lengths"], dtype=float)
+    return pd.DataFrame({"length": part["lengths"], "max_weight": peaks, "uniform": 1 / lengths,
+                         "ratio": peaks * lengths})
+
+
+def uniformity_sentence(median_max_weight: float, median_uniform: float, median_ratio: float) -> tuple[str, bool]:
+    """The sentence that says, before any verdict, how peaked a classifier's attention is, and whether it counts as
+    nearly uniform (:data:`NEARLY_UNIFORM_RATIO`), from the medians over reviews of :func:`attention_peaks`.
+
+    Returns:
+        ``(sentence, nearly_uniform)``.
+
+    Raises:
+        ValueError: a median is not positive, or ``median_ratio`` is below 1 (no attention is flatter than uniform).
+    """
+    if min(median_max_weight, median_uniform) <= 0:
+        raise ValueError(f"the medians must be positive, got {median_max_weight} and {median_uniform}")
+    if median_ratio < 1 - 1e-9:
+        raise ValueError(f"median_ratio must be at least 1 (uniform attention), got {median_ratio}")
+    nearly_uniform = median_ratio < NEARLY_UNIFORM_RATIO
+    kind = "nearly uniform" if nearly_uniform else "peaked"
+    sentence = (f"This model's attention is {kind}: the median test review puts at most {median_max_weight:.3f} of "
+                f"its weight on any one token, where uniform weights would give each token {median_uniform:.3f}.")
+    return sentence, nearly_uniform
+
+
+def twin_verdict(low: float, high: float) -> tuple[str, str]:
+    """The verdict on learned attention against its uniform twin from the bootstrap interval ``[low, high]`` of
+    their accuracy difference (learned minus uniform), as a clause and as a short label for a table.
+
+    Raises:
+        ValueError: ``low > high``.
+    """
+    if low > high:
+        raise ValueError(f"low must not exceed high, got {low} > {high}")
+    if low > 0:
+        return ("learned attention is more accurate than its uniform twin by more than the test set's sampling "
+                "noise", "learned attention ahead beyond test-set noise")
+    if high < 0:
+        return ("the uniform twin is more accurate than learned attention by more than the test set's sampling "
+                "noise", "the uniform twin ahead beyond test-set noise")
+    return "the two are within the test set's sampling noise of each other", "within test-set noise"
+
+
+def interval_phrase(low: float, high: float, digits: int = 3) -> str:
+    """The bootstrap interval of :func:`accuracy_difference` as a parenthesis for prose, signed with ``digits``
+    decimals: ``"(95% bootstrap interval over the test reviews -0.030 to -0.008)"``, or, when both bounds print
+    alike, ``"(the same, +0.000, on every bootstrap resample of the test reviews)"``.
+
+    Raises:
+        ValueError: ``low > high``.
+    """
+    if low > high:
+        raise ValueError(f"low must not exceed high, got {low} > {high}")
+    a, b = f"{low:+.{digits}f}", f"{high:+.{digits}f}"
+    if a == b:
+        return f"(the same, {a}, on every bootstrap resample of the test reviews)"
+    return f"(95% bootstrap interval over the test reviews {a} to {b})"
+
+
+def twin_meaning(learned_ahead: bool, nearly_uniform: bool) -> str:
+    """What the twin comparison means, given whether learned attention won and whether its attention is nearly
+    uniform (:func:`uniformity_sentence`). Chapter 7, section "Chapter 5's classifier and its uniform twin"."""
+    if nearly_uniform:
+        if learned_ahead:
+            return ("Even weights this close to uniform carry something the task needs. Still, every test below "
+                    "speaks about this model only, not about one whose attention picks out a few tokens.")
+        return ("With weights this close to uniform, the twin's result is no surprise: the learned model averages "
+                "its states almost as the twin does. Every test below speaks about this model only, not about one "
+                "whose attention picks out a few tokens.")
+    if learned_ahead:
+        return ("So the weights carry information that the task needs. Whether they also rank the tokens the way "
+                "the prediction uses them is the next question.")
+    return ("So this task can be solved without choosing tokens, and we should not expect the weights to single out "
+            "the tokens that the prediction rests on.")
+
+
+def tau_word(tau: float) -> str:
+    """How closely two rankings agree, by a median Kendall's tau: "hardly" (below 0.1, negative included),
+    "loosely" (below 0.3), "moderately" (below 0.6), "closely"."""
+    if not tau >= 0.1:  # NaN reads as no agreement
+        return "hardly"
+    return "loosely" if tau < 0.3 else "moderately" if tau < 0.6 else "closely"
+
+
+def _reviews(n: int, total: int) -> str:
+    return "no review" if n == 0 else "every review" if n == total else f"{n} of {total} reviews"
+
+
+def tau_above_half_sentence(n_attention: int, n_importance: int, total: int) -> str:
+    """In how many of ``total`` analysed reviews Kendall's tau exceeds one half, for attention against gradient
+    importance (``n_attention``) and for gradient against leave-one-out importance (``n_importance``).
+
+    Raises:
+        ValueError: ``total`` is below 1, or a count is negative or above ``total``.
+    """
+    if total < 1 or not (0 <= n_attention <= total and 0 <= n_importance <= total):
+        raise ValueError(f"need 0 <= counts <= total and total >= 1, got {n_attention}, {n_importance} of {total}")
+    if n_attention == n_importance and n_attention in (0, total):
+        where = _reviews(n_attention, total)
+        both = "neither" if n_attention == 0 else "both"
+        link = "nor" if n_attention == 0 else "and"
+        return (f"τ exceeds one half in {where}, {both} for attention against gradient {link} for gradient against "
+                "leave-one-out.")
+    return (f"τ exceeds one half in {_reviews(n_attention, total)} for attention against gradient, and in "
+            f"{_reviews(n_importance, total)} for gradient against leave-one-out.")
+
+
+def explanation_verdict(learned_ahead: bool, uniform_ahead: bool, agreement: str, same_prediction: bool,
+                        nearly_uniform: bool) -> str:
+    """The verdict of chapter 7's section "So, is it an explanation?", limited to the model tested.
+
+    Args:
+        learned_ahead, uniform_ahead: the twin comparison (:func:`twin_verdict`'s interval above or below 0).
+        agreement: :func:`tau_word` of the better median tau between attention and an importance measure.
+        same_prediction: very different weights were shown to give the same prediction.
+        nearly_uniform: :func:`uniformity_sentence`'s flag.
+
+    Raises:
+        ValueError: both ``learned_ahead`` and ``uniform_ahead``, or an unknown ``agreement``.
+    """
+    if learned_ahead and uniform_ahead:
+        raise ValueError("learned_ahead and uniform_ahead cannot both hold")
+    if agreement not in ("hardly", "loosely", "moderately", "closely"):
+        raise ValueError(f"agreement must be a word of tau_word, got {agreement!r}")
+    model = "this model, whose attention is nearly uniform" if nearly_uniform else "this model"
+    parts = [f"The verdict holds for {model}."]
+    if learned_ahead:
+        parts.append("It uses its weights: it beats its uniform twin.")
+    elif uniform_ahead:
+        parts.append("It does not need its weights: its uniform twin is more accurate.")
+    else:
+        parts.append("It does not need its weights: its uniform twin is as accurate, within test-set noise.")
+    if agreement in ("hardly", "loosely"):
+        parts.append(f"The weights rank the tokens only {agreement} like the importance measures.")
+    else:
+        parts.append(f"The importance measures {agreement} confirm the weights' ranking.")
+    if same_prediction:
+        parts.append("Very different weights give the same prediction.")
+    if learned_ahead and agreement in ("moderately", "closely"):
+        parts.append("So its weights point to tokens that matter, but they are not the only weights that give its "
+                     "predictions.")
+    else:
+        parts.append("So its weights are not, by themselves, a faithful account of why it decided as it did.")
+    return " ".join(parts)
 
 
 if __name__ == "__main__":  # pragma: no cover

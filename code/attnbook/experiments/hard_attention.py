@@ -30,7 +30,7 @@ import torch
 
 from ..data.digits import DIGIT_SIZE, DigitCanvases, make_canvases, split_digit_images
 from ..hard_attention import MODES, DigitCaptioner, MovingAverageBaseline, captioning_loss
-from ..runtime import ModeConfig, get_device, plural, progress
+from ..runtime import ModeConfig, get_device, listing, plural, progress
 from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_arg, positive_int
 
 __all__ = [
@@ -46,6 +46,12 @@ __all__ = [
     "main",
     "LAYOUT",
     "DECODER_NAMES",
+    "ESTIMATOR_NAMES",
+    "half_sentence",
+    "own_digit_sentence",
+    "compare_estimators",
+    "order_sentence",
+    "paper_sentence",
 ]
 
 
@@ -378,6 +384,155 @@ def main(argv: list[str] | None = None) -> int:
         tables = run_grid(cfg, show_progress=not args.no_progress, store=store, on_run=session.checkpoint)
     print(tables["summary"].to_string(index=False))
     return 0
+
+
+# --- chapter 7's sentences, chosen by code (each tested at its edge values in tests/test_experiments_ch7.py) -------
+
+#: What makes each decoder's gradient, as chapter 7's prose names the estimators.
+ESTIMATOR_NAMES = {"soft": "the exact gradient", "gumbel": "the straight-through estimator",
+                   "hard": "REINFORCE with a baseline"}
+
+
+def half_sentence(half: dict[str, int | None], steps: int) -> str:
+    """One or two sentences on the training step at which each decoder's held-out token accuracy first exceeds one
+    half. Chapter 7, section "Digit captioning".
+
+    Args:
+        half: ``{mode: step or None}`` (None: the accuracy never exceeded one half), in the order to name them.
+        steps: the number of training steps of the run (for the decoders that never exceeded one half).
+
+    Returns:
+        e.g. ``"Held-out token accuracy first exceeds one half at step 200 for soft attention. REINFORCE does not
+        reach one half within 800 steps."``
+
+    Raises:
+        ValueError: ``half`` is empty.
+    """
+    if not half:
+        raise ValueError("half is empty: there is no decoder to describe")
+    reached = [f"step {step} for {DECODER_NAMES.get(m, m)}" for m, step in half.items() if step is not None]
+    missed = [DECODER_NAMES.get(m, m) for m, step in half.items() if step is None]
+    within = f"within {plural(int(steps), 'step')}"
+    if not reached:
+        return f"Held-out token accuracy does not exceed one half {within} for any decoder."
+    parts = [f"Held-out token accuracy first exceeds one half at {listing(reached)}."]
+    if missed:
+        verb = "does" if len(missed) == 1 else "do"
+        parts.append(f"{listing(missed)} {verb} not reach one half {within}.")
+    return " ".join(parts)
+
+
+def own_digit_sentence(shares, digits: int = 2, where: str = "On this canvas") -> str:
+    """The sentence under chapter 7's heatmap: the share of each generated token's attention that lies on the grid
+    columns of the digit it should name, as one number when all shares print alike and as a range otherwise.
+
+    Args:
+        shares: one share in [0, 1] per generated token (a sequence or a 1-d tensor).
+        digits: decimals shown.
+        where: the sentence's opening phrase ("" for none).
+
+    Raises:
+        ValueError: ``shares`` is empty.
+    """
+    values = [float(s) for s in shares]
+    if not values:
+        raise ValueError("shares is empty: there is no token to describe")
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    share = low if low == high else f"between {low} and {high}"
+    who = "the generated token" if len(values) == 1 else "each generated token"
+    opening = f"{where}, {who}" if where else who[0].upper() + who[1:]
+    return f"{opening} puts {share} of its weight on the grid columns of the digit it should name."
+
+
+def compare_estimators(name_a: str, name_b: str, bias_a: float, bias_b: float, var_a: float, var_b: float) -> str:
+    """Which of two gradient estimators has the smaller bias and which the smaller variance, as one clause (no full
+    stop). Chapter 7, sections "The straight-through Gumbel-softmax" and "Digit captioning".
+
+    e.g. ``"REINFORCE beats Gumbel on both bias and variance"`` or ``"REINFORCE has the smaller bias and Gumbel the
+    smaller variance"``; equal values are said to be equal.
+    """
+    sb, sv = np.sign(bias_a - bias_b), np.sign(var_a - var_b)
+    if sb == sv == 0:
+        return f"{name_a} and {name_b} have the same bias and the same variance"
+    if sb == sv:
+        winner, loser = (name_a, name_b) if sb < 0 else (name_b, name_a)
+        return f"{winner} beats {loser} on both bias and variance"
+    if sb == 0:
+        return f"{name_a} and {name_b} have the same bias, and {name_a if sv < 0 else name_b} the smaller variance"
+    if sv == 0:
+        return f"{name_a} and {name_b} have the same variance, and {name_a if sb < 0 else name_b} the smaller bias"
+    low_bias, low_var = (name_a, name_b) if sb < 0 else (name_b, name_a)
+    return f"{low_bias} has the smaller bias and {low_var} the smaller variance"
+
+
+def order_sentence(order, toy_winner: str | None, quieter: str | None) -> str:
+    """What the ranking of the decoders by held-out token accuracy says, set against the toy problem and the
+    gradient noise measured on the captioner. Chapter 7, section "Digit captioning".
+
+    Args:
+        order: the modes (``"soft"``, ``"hard"``, ``"gumbel"``) from the most to the least accurate.
+        toy_winner: the hard decoder (``"hard"`` or ``"gumbel"``) whose estimator beats the other's on both bias and
+            variance on the toy problem at the captioner's temperature; None if neither does.
+        quieter: the hard decoder whose estimator had the smaller gradient variance on the captioner at the initial
+            parameters; None if not measured.
+
+    Raises:
+        ValueError: ``order`` does not contain both ``"hard"`` and ``"gumbel"``, or a mode is unknown.
+    """
+    order = list(order)
+    if not {"hard", "gumbel"} <= set(order) or not set(order) <= set(DECODER_NAMES):
+        raise ValueError(f"order must name 'hard' and 'gumbel' among {sorted(DECODER_NAMES)}, got {order}")
+    for name, value in (("toy_winner", toy_winner), ("quieter", quieter)):
+        if value not in (None, "hard", "gumbel"):
+            raise ValueError(f"{name} must be 'hard', 'gumbel' or None, got {value!r}")
+    ahead = "gumbel" if order.index("gumbel") < order.index("hard") else "hard"
+    behind = "hard" if ahead == "gumbel" else "gumbel"
+    parts = [f"By held-out token accuracy the decoders rank {', then '.join(DECODER_NAMES[m] for m in order)}."]
+    if toy_winner is None:
+        parts.append(f"The toy problem does not predict that {DECODER_NAMES[ahead]} comes before "
+                     f"{DECODER_NAMES[behind]}: at the captioner's temperature neither estimator beats the other on "
+                     "both bias and variance.")
+    elif toy_winner == ahead:
+        parts.append(f"That {DECODER_NAMES[ahead]} comes before {DECODER_NAMES[behind]} is what the toy problem "
+                     "predicts, where its estimator beats the other on both bias and variance.")
+    else:
+        parts.append(f"The toy problem predicts the opposite order of the two: there {ESTIMATOR_NAMES[toy_winner]} "
+                     "beats the other estimator on both bias and variance.")
+    if quieter == ahead:
+        parts.append(f"On the captioner itself, at the initial parameters, {ESTIMATOR_NAMES[ahead]} gives the less "
+                     "noisy gradient, which fits the order.")
+    elif quieter == behind:
+        parts.append(f"On the captioner itself, at the initial parameters, {ESTIMATOR_NAMES[behind]} gives the "
+                     "less noisy gradient, so gradient noise alone does not explain the order.")
+    return " ".join(parts)
+
+
+
+def paper_sentence(table: pd.DataFrame) -> str:
+    """Which kind of attention leads on BLEU-4 and on METEOR in Xu et al. (2015), Table 1, data set by data set.
+    Chapter 7, section "For scale: the numbers of Show, Attend and Tell".
+
+    Args:
+        table: indexed by ``(data set, attention)`` with ``attention`` in ``{"soft", "hard"}`` and columns
+            ``"BLEU-4"`` and ``"METEOR"``.
+
+    Returns:
+        e.g. ``"In the paper, hard attention has the higher BLEU-4 on all three data sets, and soft attention the
+        higher METEOR on Flickr30k and COCO."``
+    """
+    sets = list(dict.fromkeys(table.index.get_level_values(0)))
+
+    def where(metric: str, kind: str) -> str:
+        other = "soft" if kind == "hard" else "hard"
+        ahead = [d for d in sets if table.loc[(d, kind), metric] > table.loc[(d, other), metric]]
+        if not ahead:
+            return "none of the data sets"
+        if len(ahead) == len(sets) and len(sets) > 1:
+            return "all three data sets" if len(sets) == 3 else f"all {len(sets)} data sets"
+        return listing(ahead)
+
+    return (f"In the paper, hard attention has the higher BLEU-4 on {where('BLEU-4', 'hard')}, and soft attention the "
+            f"higher METEOR on {where('METEOR', 'soft')}.")
 
 
 if __name__ == "__main__":  # pragma: no cover
