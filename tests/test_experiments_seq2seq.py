@@ -272,7 +272,8 @@ def test_paired_sentence_carries_one_effect_and_its_interval():
 
 def test_interval_words():
     assert ex.interval_words(6.5, 6.8) == "95% interval +6.5 to +6.8"
-    assert ex.interval_words(0.0, 0.0) == "95% interval +0.0 to +0.0"
+    assert ex.interval_words(0.0, 0.0) == "both 95% bounds round to +0.0"
+    assert ex.interval_words(6.71, 6.74) == "both 95% bounds round to +6.7"
     assert ex.interval_words(-0.0123, 0.0456, digits=3) == "95% interval -0.012 to +0.046"
     assert ex.interval_words(NAN, NAN) == "no interval from one seed"
 

@@ -859,11 +859,14 @@ def seed_verdict(mean_diff: float, ci_low: float, ci_high: float, baseline: str)
 
 
 def interval_words(ci_low: float, ci_high: float, digits: int = 1) -> str:
-    """``"95% interval +6.5 to +6.8"`` (signed, ``digits`` decimals), or ``"no interval from one seed"`` when both
-    bounds are NaN. Raises ValueError for one NaN bound or ``ci_low > ci_high``. Chapter 4."""
+    """``"95% interval +6.5 to +6.8"`` (signed, ``digits`` decimals), ``"both 95% bounds round to +6.5"`` when they
+    print the same, or ``"no interval from one seed"`` when both bounds are NaN. Raises ValueError for one NaN bound or ``ci_low > ci_high``. Chapter 4."""
     if not _check_interval(0.0, ci_low, ci_high):
         return "no interval from one seed"
-    return f"95% interval {_signed(ci_low, digits)} to {_signed(ci_high, digits)}"
+    low, high = _signed(ci_low, digits), _signed(ci_high, digits)
+    if low == high:  # a narrow interval: "95% interval +6.5 to +6.5" would read as a slip
+        return f"both 95% bounds round to {low}"
+    return f"95% interval {low} to {high}"
 
 
 def paired_sentence(subject: str, baseline: str, mean_diff: float, ci_low: float, ci_high: float,
