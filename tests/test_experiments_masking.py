@@ -652,3 +652,37 @@ def test_gpu_runs_merge_into_the_committed_results(tmp_path):
     assert merged.iloc[-1].device == "NVIDIA H100 80GB HBM3" and merged.iloc[-1].seed == 19
     sessions = json.loads(out.with_suffix(".json").read_text())["sessions"]
     assert sessions[-1]["device"] == "NVIDIA H100 80GB HBM3" and sessions[-1]["merged_from"] == str(gpu.resolve())
+
+
+# ---------------------------------------------------------------- train_model and padding_sweep (the mechanism)
+def test_train_model_is_the_model_run_one_measures(data):
+    """The same seed gives the same weights as run_one's model: its zero-state score is the row's."""
+    model = ex.train_model(TINY, data, cond(masking="none"), seed=0)
+    row = run_one(TINY, data, cond(masking="none"), seed=0, device="cpu")
+    assert not model.training
+    assert model.pooling.attention.zero_state_score() == pytest.approx(row["zero_state_score"])
+
+
+def test_padding_sweep_shrinks_by_one_minus_pi_and_masked_never_flips(data):
+    """Unmasked: pad mass grows with the width and the pooled vector's length is (1 - pi) of the unpadded one
+    (Eq. eq-pad-mass); masked: no pad weight, no length change, no flip."""
+    widths = [TINY.max_len, 4 * TINY.max_len, 64 * TINY.max_len]
+    none = ex.padding_sweep(ex.train_model(TINY, data, cond(masking="none"), seed=0), data["test"], widths)
+    assert none.width.tolist() == [0, *widths]
+    assert none.pad_mass.is_monotonic_increasing and none.pad_mass.iloc[-1] > 0.5
+    assert none.max_shrink_error.max() < 1e-4
+    assert none.norm_ratio.tolist() == pytest.approx(none.one_minus_pi.tolist(), abs=1e-4)
+    assert none.flip_rate.iloc[0] == 0.0
+    masked = ex.padding_sweep(ex.train_model(TINY, data, cond(), seed=0), data["test"], widths)
+    assert (masked.pad_mass == 0).all() and (masked.flip_rate == 0).all()
+    assert masked.norm_ratio.tolist() == pytest.approx([1.0] * 4, abs=1e-5)
+
+
+def test_padding_sweep_refuses_unpacked_models_and_short_widths(data):
+    unpacked = ex.train_model(TINY, data, cond(rnn_input="unpacked"), seed=0)
+    with pytest.raises(ValueError, match="packed encoder"):
+        ex.padding_sweep(unpacked, data["test"], [TINY.max_len])
+    packed = ex.train_model(TINY, data, cond(), seed=0)
+    longest = int(data["test"]["lengths"].max())
+    with pytest.raises(ValueError, match=f"longest review \\({longest}\\)"):
+        ex.padding_sweep(packed, data["test"], [longest - 1])

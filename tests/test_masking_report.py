@@ -9,8 +9,8 @@ import pytest
 
 from dataclasses import replace
 
-from attnbook.experiments.masking_report import (ARMS, CORRECTED, MIN_PAIRS, Arm, answer_table, direction_agrees,
-                                                 format_answer, verdict)
+from attnbook.experiments.masking_report import (ARMS, CORRECTED, MIN_PAIRS, Arm, answer_table, boost_odds,
+                                                 direction_agrees, format_answer, seed_by_seed, verdict)
 from attnbook.stats import compare_paired
 
 FACTORS = ["pooling", "masking", "rnn_input", "batching", "precision"]
@@ -147,3 +147,52 @@ def test_runs_pair_only_on_one_kind_of_device():
     assert row.n_pairs == 14 and row.device_kind == "gpu" and row.verdict == "lower"
     half = pd.concat([cpu[cpu.masking == "none"], gpu[gpu.masking == "neg_inf"]])   # no pair within a kind
     assert answer_table(half, n_resamples=999).n_pairs.iloc[0] == 0
+
+
+def test_each_row_says_what_it_is_compared_with():
+    shown = format_answer(answer_table(central(12, 0.01), n_resamples=999))
+    assert shown.columns[0] == "compared with"
+    assert shown["compared with"].to_dict() == {a.name: a.compared_with for a in ARMS}
+    assert shown.loc["renormalize", "compared with"] == "−∞ mask" == shown.loc["mean pooling", "compared with"]
+    unnamed = Arm("x", "q", ARMS[0].condition, ARMS[0].baseline)   # no words given: the baseline's key
+    assert format_answer(answer_table(central(12, 0.01), (unnamed,), n_resamples=999)).iloc[0, 0] == ARMS[0].baseline
+
+
+def test_seed_by_seed_counts_boosts_speed_and_the_pad_mass_relation():
+    frame = central(10, 0.0, device="CPU (1 threads, x86_64)")
+    arm = ARMS[0]
+    gain = np.array([1, 1, 1, -1, -1, 1, 1, -1, 1, 1]) * 0.002   # 7 seeds ahead
+    cond_rows = frame.masking == "neg_inf"
+    frame.loc[cond_rows, "test_accuracy"] = frame.loc[~cond_rows, "test_accuracy"].to_numpy() + gain
+    frame["val_accuracy"] = frame.test_accuracy
+    frame["tokens_per_s"] = np.where(cond_rows, 960.0, 1000.0)
+    frame["pad_mass"] = np.r_[np.arange(10) / 100, np.zeros(10)]   # baseline rows first
+    row = seed_by_seed(frame, arm).loc["cpu"]
+    assert (row.n_pairs, row.n_ahead, row.n_slower) == (10, 7, 10)
+    assert row.share_ahead == pytest.approx(0.7) == row.share_ahead_val
+    assert row.median_speed_change == pytest.approx(-0.04)
+    assert -1 <= row.spearman_pad_mass <= 1
+    assert "gpu" not in seed_by_seed(frame, arm).index
+
+
+def test_seed_by_seed_edges():
+    """No val or speed columns give NaN; fewer than 3 seeds or a constant gain give no correlation; no pair, no row."""
+    frame = central(2, 0.01)
+    row = seed_by_seed(frame).loc["cpu"]
+    assert row.n_pairs == 2 and np.isnan(row.share_ahead_val) and np.isnan(row.median_speed_change)
+    assert np.isnan(row.spearman_pad_mass)
+    flat = central(5, 0.01)
+    flat["test_accuracy"] = 0.8
+    flat["pad_mass"] = np.arange(len(flat)) / 100
+    assert np.isnan(seed_by_seed(flat).loc["cpu", "spearman_pad_mass"])
+    assert seed_by_seed(flat).loc["cpu", "n_ahead"] == 0
+    assert seed_by_seed(central(3, 0.01)[lambda f: f.masking == "none"]).empty
+
+
+def test_boost_odds_reads_well_at_its_edges():
+    assert boost_odds(14, 20) == "a single pair of runs shows a boost in only 14 of 20 seeds"
+    assert boost_odds(19, 20) == "a single pair of runs shows a boost in 19 of 20 seeds"
+    assert boost_odds(20, 20) == "every single pair of runs shows a boost (20 of 20 seeds)"
+    assert boost_odds(1, 1) == "the single pair of runs shows a boost"
+    assert boost_odds(0, 5) == "no single pair of runs shows a boost (0 of 5 seeds)"
+    assert boost_odds(0, 0) == "no pair of runs has been made yet"

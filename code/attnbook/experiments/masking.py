@@ -2,7 +2,9 @@
 
 Chapter 5, "Seq2vec attention and the padding-mask experiments" (``chapters/05_seq2vec_masking``). One *run* trains
 one :class:`attnbook.models.BiGRUClassifier` under one *condition* with one *seed* and measures it. A seed fixes the
-initialization and the data order, so runs with the same seed are paired across conditions.
+initialization and the data order, so runs with the same seed are paired across conditions. :func:`train_model`
+gives the trained model of a run itself, and :func:`padding_sweep` re-pads the test reviews of a packed model to
+wider and wider batches (the chapter's section "The mechanism on a trained model").
 
 A condition is a dict of factors (:func:`conditions` builds the grids):
 
@@ -59,7 +61,8 @@ from ..pooling import MASKINGS
 from ..runtime import ModeConfig, describe_device, get_device, seed_everything
 from ..store import Layout, ResultsStore, collect_runs, grid_parser, run_grid_cli, run_grid_in_session
 
-__all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "run_grid", "open_store",
+__all__ = ["MaskingConfig", "conditions", "condition_id", "prepare_data", "run_one", "train_model", "padding_sweep",
+           "run_grid", "open_store",
            "store_config", "main", "RESULT_COLUMNS", "LAYOUT"]
 
 INPUTS = ("packed", "unpacked", "unpacked-pre")
@@ -291,21 +294,8 @@ def _unpadded_predictions(model: BiGRUClassifier, part: dict, condition: dict, c
     return preds
 
 
-def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: torch.device | str = "cpu") -> dict:
-    """Train one model under ``condition`` with ``seed`` and measure it; returns the row (factors, ``seed``,
-    :data:`RESULT_COLUMNS`, ``device``).
-
-    Measured: test and validation accuracy (the condition's batching; test reviews in a fixed order); ``pad_mass``,
-    the mean attention weight on pad positions over test reviews; ``flip_rate_in``, the share of test reviews whose
-    prediction changes between no padding at all (batches of reviews of one length) and padding to ``cfg.max_len``
-    tokens, the widest batch of training (the flip test inside the training distribution); ``flip_rate``, the
-    share whose prediction changes when the test batches are re-padded to ``cfg.repad_to`` tokens (twice the
-    training maximum in the presets: a stress test outside the training distribution); ``nan_count``, non-finite training
-    losses (their steps are skipped) plus test reviews with non-finite logits; the score of an all-zero state
-    ``tanh(b) . u_w`` against the scores of real tokens (argument 1) and the mean score at pad positions;
-    ``padding_fraction`` of the training batches and real ``tokens_per_s`` in training (argument 2); and
-    ``train_time_s`` (seconds). Statistics that do not apply (e.g. scores without attention pooling) are NaN.
-    """
+def _train(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: torch.device | str = "cpu"):
+    """Train one model; returns it and ``(nan_steps, real tokens trained, batches seen, seconds)``."""
     device = torch.device(device)
     torch.set_num_threads(cfg.threads)
     seed_everything(seed)
@@ -342,6 +332,103 @@ def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     train_time = time.perf_counter() - start
+    return model, (nan_steps, tokens, batches_seen, train_time)
+
+
+def train_model(cfg: MaskingConfig, data: dict, condition: dict, seed: int,
+                device: torch.device | str = "cpu") -> BiGRUClassifier:
+    """The model that :func:`run_one` trains for ``condition`` and ``seed`` (the same weights: same seed, same batches),
+    in eval mode, for a chapter that looks inside it (chapter 5, section "The mechanism on a trained model")."""
+    return _train(cfg, data, condition, seed, device)[0].eval()
+
+
+@torch.no_grad()
+def padding_sweep(model: BiGRUClassifier, part: dict, widths, *, batch_size: int = 200,
+                  device: torch.device | str = "cpu") -> pd.DataFrame:
+    """Re-pad every review of ``part`` to each width in ``widths`` and measure what the padding does to a trained
+    model with a packed encoder (chapter 5, Eq. ``eq-pad-mass``; section "The mechanism on a trained model").
+
+    A packed encoder's states at real positions do not depend on the padding and its pad states are 0, so a review
+    padded to width ``W`` differs from the unpadded review only through the pooling: the pads take the weight
+    ``pi`` and the pooled vector becomes ``(1 - pi) c`` (unmasked), or stays ``c`` (masked).
+
+    Args:
+        model: a :class:`attnbook.models.BiGRUClassifier` with a packed encoder and attention or mean pooling.
+        part: a split from :func:`prepare_data` (``ids`` ``(n, max_len)``, ``lengths`` ``(n,)``, ``labels``).
+        widths: batch widths in tokens, each at least the longest review of ``part``.
+        batch_size: reviews per forward pass.
+
+    Returns:
+        One row per width (and a first row ``width = 0``: each review alone, no pad), with ``width``,
+        ``pads`` (mean pads per review), ``pad_mass`` (mean ``pi``), ``norm_ratio`` (mean of
+        ``||c_W|| / ||c_0||``), ``one_minus_pi`` (mean of ``1 - pi``), ``max_shrink_error`` (largest
+        ``| ||c_W|| / ||c_0|| - (1 - pi) |`` over reviews) and ``flip_rate`` (share of reviews whose prediction
+        differs from the unpadded one).
+
+    Raises:
+        ValueError: the encoder is not packed, or a width is shorter than a review.
+    """
+    if not model.encoder.packed:
+        raise ValueError("padding_sweep needs a packed encoder (an unpacked one reads the pads)")
+    lengths_all = part["lengths"]
+    widths = [int(w) for w in widths]
+    if widths and min(widths) < int(lengths_all.max()):
+        raise ValueError(f"every width must be at least the longest review ({int(lengths_all.max())}), got {widths}")
+    device = torch.device(device)
+    model.eval()
+    n = len(lengths_all)
+    order = np.argsort(lengths_all, kind="stable")
+    base_norm, base_pred = np.zeros(n), np.zeros(n, dtype=np.int64)
+    per_width = {w: {k: np.zeros(n) for k in ("pi", "norm", "pred")} for w in widths}
+    for start in range(0, n, batch_size):
+        index = order[start : start + batch_size]
+        ids, lengths, _ = _batch(part, index, "post")
+        ids, lengths = ids.to(device), lengths.to(device)
+        states = model.encoder(model.embedding(ids), lengths)      # (B, T, D): pad states are exactly 0
+        for row, length in enumerate(lengths.tolist()):
+            real = states[row : row + 1, :length]
+            pooled, _ = model.pooling(real, torch.ones(1, length, dtype=torch.bool, device=device))
+            base_norm[index[row]] = float(pooled.norm())
+            base_pred[index[row]] = int(model.classifier(pooled).argmax(-1))
+        for w in widths:
+            padded = F.pad(states, (0, 0, 0, w - states.shape[1]))
+            mask = padding_mask(lengths, w, "post")
+            pooled, weights = model.pooling(padded, mask)
+            logits = model.classifier(pooled)
+            out = per_width[w]
+            out["pi"][index] = (weights * ~mask).sum(-1).cpu().numpy()
+            out["norm"][index] = pooled.norm(dim=-1).cpu().numpy()
+            out["pred"][index] = logits.argmax(-1).cpu().numpy()
+    rows = [{"width": 0, "pads": 0.0, "pad_mass": 0.0, "norm_ratio": 1.0, "one_minus_pi": 1.0,
+             "max_shrink_error": 0.0, "flip_rate": 0.0}]
+    for w in widths:
+        out = per_width[w]
+        ratio = out["norm"] / base_norm
+        rows.append({"width": w, "pads": float((w - lengths_all).mean()), "pad_mass": float(out["pi"].mean()),
+                     "norm_ratio": float(ratio.mean()), "one_minus_pi": float((1 - out["pi"]).mean()),
+                     "max_shrink_error": float(np.abs(ratio - (1 - out["pi"])).max()),
+                     "flip_rate": float((out["pred"] != base_pred).mean())})
+    return pd.DataFrame(rows)
+
+
+def run_one(cfg: MaskingConfig, data: dict, condition: dict, seed: int, device: torch.device | str = "cpu") -> dict:
+    """Train one model under ``condition`` with ``seed`` and measure it; returns the row (factors, ``seed``,
+    :data:`RESULT_COLUMNS`, ``device``).
+
+    Measured: test and validation accuracy (the condition's batching; test reviews in a fixed order); ``pad_mass``,
+    the mean attention weight on pad positions over test reviews; ``flip_rate_in``, the share of test reviews whose
+    prediction changes between no padding at all (batches of reviews of one length) and padding to ``cfg.max_len``
+    tokens, the widest batch of training (the flip test inside the training distribution); ``flip_rate``, the
+    share whose prediction changes when the test batches are re-padded to ``cfg.repad_to`` tokens (twice the
+    training maximum in the presets: a stress test outside the training distribution); ``nan_count``, non-finite training
+    losses (their steps are skipped) plus test reviews with non-finite logits; the score of an all-zero state
+    ``tanh(b) . u_w`` against the scores of real tokens (argument 1) and the mean score at pad positions;
+    ``padding_fraction`` of the training batches and real ``tokens_per_s`` in training (argument 2); and
+    ``train_time_s`` (seconds). Statistics that do not apply (e.g. scores without attention pooling) are NaN.
+    """
+    model, (nan_steps, tokens, batches_seen, train_time) = _train(cfg, data, condition, seed, device)
+    device = torch.device(device)
+    train = data["train"]
     val = _evaluate(model, data["validation"], condition, cfg, device)
     test = _evaluate(model, data["test"], condition, cfg, device)
     repadded = _evaluate(model, data["test"], condition, cfg, device, repad_to=cfg.repad_to)

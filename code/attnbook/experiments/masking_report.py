@@ -32,7 +32,7 @@ from ..store import device_kind   # re-exported: the kind of device a stored run
 from .masking import condition_id
 
 __all__ = ["Arm", "ARMS", "MIN_PAIRS", "CORRECTED", "ALPHA", "answer_table", "format_answer", "verdict",
-           "direction_agrees", "device_kind", "runs_by_kind", "paired_table"]
+           "direction_agrees", "device_kind", "runs_by_kind", "paired_table", "seed_by_seed", "boost_odds"]
 
 #: Paired seeds an arm needs before the chapter draws a verdict from it (issue "Chapter 5 gives its answer at full
 #: scale": at least 10, and 20 is the goal).
@@ -50,13 +50,15 @@ CORRECTED = "not resolved after Holm's correction"
 class Arm:
     """One paired comparison: ``condition`` against ``baseline`` (both :func:`condition_id` keys), same seeds.
     ``primary``: the table's own question, decided by its interval alone (see the module docstring); the other arms
-    are corrected for the family."""
+    are corrected for the family. ``compared_with``: the baseline in a reader's words (the answer table's
+    "compared with" column); empty = the baseline's key."""
 
     name: str
     question: str
     condition: str
     baseline: str
     primary: bool = False
+    compared_with: str = ""
 
 
 def _cid(pooling: str, masking: str, rnn_input: str = "packed", batching: str = "random") -> str:
@@ -68,18 +70,22 @@ def _cid(pooling: str, masking: str, rnn_input: str = "packed", batching: str = 
 #: ask about, the asker's own method, the simplest baseline, and bucketing itself.
 ARMS = (
     Arm("mask", "−∞ mask against none (packed encoder, random batches)",
-        _cid("attention", "neg_inf"), _cid("attention", "none"), primary=True),
+        _cid("attention", "neg_inf"), _cid("attention", "none"), primary=True, compared_with="no mask"),
     Arm("mask, bucketed", "−∞ mask against none, bucketed batches",
-        _cid("attention", "neg_inf", batching="bucketed"), _cid("attention", "none", batching="bucketed")),
+        _cid("attention", "neg_inf", batching="bucketed"), _cid("attention", "none", batching="bucketed"),
+        compared_with="no mask, bucketed"),
     Arm("mask, unpacked", "−∞ mask against none, unpacked encoder (post-padding)",
-        _cid("attention", "neg_inf", "unpacked"), _cid("attention", "none", "unpacked")),
+        _cid("attention", "neg_inf", "unpacked"), _cid("attention", "none", "unpacked"),
+        compared_with="no mask, unpacked"),
     Arm("renormalize", "renormalize after the softmax against the −∞ mask",
-        _cid("attention", "renormalize"), _cid("attention", "neg_inf")),
+        _cid("attention", "renormalize"), _cid("attention", "neg_inf"), compared_with="−∞ mask"),
     Arm("mean pooling", "masked mean pooling against −∞-masked attention pooling",
-        _cid("mean", "-"), _cid("attention", "neg_inf")),
+        _cid("mean", "-"), _cid("attention", "neg_inf"), compared_with="−∞ mask"),
     Arm("bucketing", "bucketed against random batches, no mask",
-        _cid("attention", "none", batching="bucketed"), _cid("attention", "none")),
+        _cid("attention", "none", batching="bucketed"), _cid("attention", "none"),
+        compared_with="no mask, random batches"),
 )
+
 
 _SIDES = {"pad_mass": "pad_mass", "flip_in": "flip_rate_in", "flip_stress": "flip_rate",
           "tokens_per_s": "tokens_per_s"}
@@ -127,7 +133,8 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
         n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
 
     Returns:
-        Columns ``arm, question`` and those of :func:`paired_table` (``condition, baseline, n_pairs, device_kind,
+        Columns ``arm, question, compared_with`` (:attr:`Arm.compared_with`, or the baseline's key) and those of
+        :func:`paired_table` (``condition, baseline, n_pairs, device_kind,
         mean_baseline, mean_condition, mean_diff, ci_low, ci_high, n_better, n_worse, n_equal, p_value, p_holm,
         rank_biserial, primary, verdict``), and for each side (``_condition``,
         ``_baseline``) the means over the paired seeds of ``pad_mass``, ``flip_in`` (re-pad inside the training
@@ -141,7 +148,8 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
     """
     frame = runs_by_kind(frame, ("pooling", "masking", "rnn_input", "batching", "precision"), condition_id, value)
     table = paired_table(frame, arms, _SIDES, value=value, min_pairs=min_pairs, n_resamples=n_resamples, seed=seed)
-    names = pd.DataFrame([{"arm": a.name, "question": a.question} for a in arms])
+    names = pd.DataFrame([{"arm": a.name, "question": a.question,
+                           "compared_with": getattr(a, "compared_with", "") or a.baseline} for a in arms])
     return pd.concat([names, table], axis=1)
 
 
@@ -209,9 +217,10 @@ def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: st
 
 
 def format_answer(table: pd.DataFrame) -> pd.DataFrame:
-    """The reader's version of :func:`answer_table`: the kind of device the row's runs ran on ("CPU" or "GPU"),
-    accuracy in points, rates in percent, tokens per second as condition / baseline, and missing measurements as
-    "–" (a dash). One row per arm, indexed by the arm's name."""
+    """The reader's version of :func:`answer_table`: what the row is compared with (its baseline, in words), the
+    kind of device the row's runs ran on ("CPU" or "GPU"), accuracy in points, rates in percent, tokens per second
+    as condition / baseline, and missing measurements as "–" (a dash). One row per arm, indexed by the arm's
+    name."""
     def pct(x, digits=2):
         return "–" if not np.isfinite(x) else f"{100 * x:.{digits}f}%"
 
@@ -222,6 +231,7 @@ def format_answer(table: pd.DataFrame) -> pd.DataFrame:
     for _, t in table.iterrows():
         answered = np.isfinite(t.mean_diff)
         rows[t.arm] = {
+            "compared with": t.get("compared_with", t.baseline) or t.baseline,
             "seeds": int(t.n_pairs),
             "device": str(t.device_kind).upper() if t.device_kind else "–",
             "accuracy change (points)": (f"{100 * t.mean_diff:+.2f} [{100 * t.ci_low:+.2f}, {100 * t.ci_high:+.2f}]"
@@ -245,3 +255,75 @@ def direction_agrees(quick_diff: float, stored_diff: float) -> bool:
     """Whether a quick run's mean paired difference has the sign of the stored one (a zero difference agrees with
     nothing but zero)."""
     return bool(np.sign(quick_diff) == np.sign(stored_diff))
+
+
+def seed_by_seed(frame: pd.DataFrame, arm: Arm = ARMS[0]) -> pd.DataFrame:
+    """``arm`` seed by seed, on each kind of device: how often one pair of runs shows the condition ahead, and what
+    the condition costs in speed (chapter 5, sections "The answer" and "Why the asker saw a boost").
+
+    Args:
+        frame: runs, one row each, as for :func:`answer_table`; ``val_accuracy``, ``tokens_per_s`` and
+            ``pad_mass`` may be missing (NaN columns in the result).
+        arm: the comparison (default: the central one, the −∞ mask against none).
+
+    Returns:
+        One row per kind of device that has at least one paired seed (index ``"gpu"``, ``"cpu"``), with columns
+        ``n_pairs``; ``n_ahead`` and ``share_ahead`` (seeds where the condition's test accuracy is strictly higher
+        than the baseline's, and their share); ``share_ahead_val`` (the same on validation accuracy);
+        ``n_slower`` and ``median_speed_change`` (seeds where the condition trained fewer real tokens per second,
+        and the median relative change, a fraction: -0.038 is 3.8% slower); ``spearman_pad_mass`` (Spearman's
+        rank correlation between a seed's accuracy gain and its baseline's attention mass on pads; NaN with
+        fewer than 3 seeds or a constant column).
+
+    Raises:
+        ValueError: as :func:`runs_by_kind`.
+    """
+    from scipy.stats import spearmanr
+
+    frame = runs_by_kind(frame, ("pooling", "masking", "rnn_input", "batching", "precision"), condition_id,
+                         "test_accuracy")
+    rows = {}
+    for kind in ("gpu", "cpu"):
+        runs = frame[frame.device_kind == kind]
+        a = runs[runs.condition == arm.condition].set_index("seed")
+        b = runs[runs.condition == arm.baseline].set_index("seed")
+        seeds = a.index.intersection(b.index)
+        if not len(seeds):
+            continue
+        a, b = a.loc[seeds], b.loc[seeds]
+
+        def col(side, name):
+            return side[name] if name in side else pd.Series(np.nan, index=seeds)
+
+        gain = a.test_accuracy - b.test_accuracy
+        val_gain = col(a, "val_accuracy") - col(b, "val_accuracy")
+        speed = col(a, "tokens_per_s") / col(b, "tokens_per_s") - 1
+        pads = col(b, "pad_mass")
+        rho = np.nan
+        if len(seeds) >= 3 and gain.nunique() > 1 and pads.notna().all() and pads.nunique() > 1:
+            rho = float(spearmanr(gain, pads).statistic)
+        rows[kind] = {
+            "n_pairs": len(seeds), "n_ahead": int((gain > 0).sum()), "share_ahead": float((gain > 0).mean()),
+            "share_ahead_val": float((val_gain > 0).mean()) if val_gain.notna().all() else np.nan,
+            "n_slower": int((speed < 0).sum()),
+            "median_speed_change": float(speed.median()) if speed.notna().any() else np.nan,
+            "spearman_pad_mass": rho,
+        }
+    columns = ["n_pairs", "n_ahead", "share_ahead", "share_ahead_val", "n_slower", "median_speed_change",
+               "spearman_pad_mass"]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+
+
+def boost_odds(n_ahead: int, n_pairs: int) -> str:
+    """How often one pair of runs (masked and unmasked, one seed) shows a boost, in words, for chapter 5's answer:
+    ``"a single pair of runs shows a boost in 14 of 20 seeds"``. Reads well at the edges: no seed, none ahead, all
+    ahead, one seed."""
+    if n_pairs <= 0:
+        return "no pair of runs has been made yet"
+    if n_ahead <= 0:
+        return f"no single pair of runs shows a boost (0 of {n_pairs} seeds)"
+    if n_ahead >= n_pairs:
+        return ("the single pair of runs shows a boost" if n_pairs == 1
+                else f"every single pair of runs shows a boost ({n_pairs} of {n_pairs} seeds)")
+    only = "only " if n_ahead / n_pairs < 0.8 else ""
+    return f"a single pair of runs shows a boost in {only}{n_ahead} of {n_pairs} seeds"
