@@ -4,6 +4,7 @@ masks negated), the sinusoid formula written out with ``math``, RoPE as a comple
 decoder written with teacher forcing, and the padding properties of the classifier."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -438,6 +439,27 @@ def test_what_torch_multihead_attention_does_on_a_fully_padded_row():
     layer = copy_to_torch(TransformerEncoderLayer(D, H, FF, 0.0).double()).eval()
     with torch.no_grad():
         assert layer(x, src_key_padding_mask=~real)[1].isnan().all()
+
+
+def test_torch_encoder_layer_on_an_empty_row_in_each_mode():
+    """Chapter 8, exercise "ex-tf-empty-review": pinned torch's nn.TransformerEncoderLayer gives finite values for a
+    row without tokens in training mode and in eval mode with autograd, NaN on the fast path (eval mode under
+    no_grad); nn.TransformerEncoder on that path packs the batch into a nested tensor and gives zeros there."""
+    torch.manual_seed(0)
+    layer = copy_to_torch(TransformerEncoderLayer(16, 2, 32, dropout=0.0))
+    pad_rows = torch.tensor([[False] * 6, [True] * 6])          # torch: True = ignored; row 1 has no token
+    x = torch.randn(2, 6, 16)
+    assert torch.isfinite(layer.train()(x, src_key_padding_mask=pad_rows)).all()
+    assert torch.isfinite(layer.eval()(x, src_key_padding_mask=pad_rows)).all()
+    with torch.no_grad():
+        fast = layer.eval()(x, src_key_padding_mask=pad_rows)
+        stack = nn.TransformerEncoder(layer, 1, enable_nested_tensor=True).eval()
+        with warnings.catch_warnings():          # torch warns (once per process) that nested tensors are a prototype
+            warnings.simplefilter("ignore", UserWarning)
+            nested = stack(x, src_key_padding_mask=pad_rows)
+    assert fast[1].isnan().all() and torch.isfinite(fast[0]).all()
+    assert torch.equal(nested[1], torch.zeros(6, 16))
+    torch.testing.assert_close(nested[0], fast[0])
 
 
 # ------------------------------------------------------------------------------------ classifier

@@ -804,7 +804,8 @@ class TranslationEncoder(nn.Module):
 class TransformerDecoderState(NamedTuple):
     """What :class:`TranslationDecoder` carries between decoding steps: ``tokens`` ``(batch, t)`` int64, the target
     prefix fed so far (``<bos>`` and the tokens chosen), from which every step recomputes the decoder (no key/value
-    cache: simple and exact, ``O(t^2)`` per step)."""
+    cache: simple and exact, ``O(t^2)`` per step; :func:`attnbook.generation.with_kv_cache` decodes the same model
+    with one)."""
 
     tokens: Tensor
 
