@@ -1,6 +1,7 @@
 """The checks that chapter 3 ("Parametric attention") keeps in collapsed cells, where the library tests do not already
 make them: cosine attention is dot-product attention on unit keys at temperature ||q|| / beta (eq-cosine-as-dot),
-for the scores and for the weights, with and without a padding mask."""
+for the scores and for the weights, with and without a padding mask; and attnbook's MultiHeadAttention equals
+torch's nn.MultiheadAttention once the weights are copied and the masks negated (section "Multiple heads")."""
 
 import pytest
 import torch
@@ -32,3 +33,28 @@ def test_cosine_is_dot_product_on_unit_keys_at_temperature_norm_q_over_beta(beta
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(cosine.attention_weights, dot.attention_weights, rtol=0, atol=1e-12)
     assert cosine.attention_weights[1, :, 4:].abs().max() == 0
+
+
+def test_multi_head_attention_equals_torch_with_copied_weights_and_translated_masks():
+    """Chapter 3, section "Multi-head attention": attnbook's MultiHeadAttention with its weights copied into
+    nn.MultiheadAttention (W_Q, W_K, W_V stacked in in_proj_weight) and the masks negated (torch: True = ignored)
+    gives the same outputs and per-head weights under a causal and a key-padding mask."""
+    from torch import nn
+
+    from attnbook.attention import MultiHeadAttention, causal_mask
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 16, generator=g)
+    token_mask = lengths_to_mask(torch.tensor([6, 8]), 8)  # (batch, n), True = takes part
+    ours = MultiHeadAttention(embed_dim=16, num_heads=4)
+    out_ours = ours(x, x, x, token_mask[:, None, :] & causal_mask(8))
+    theirs = nn.MultiheadAttention(16, 4, batch_first=True)
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.out_proj.load_state_dict(ours.out_proj.state_dict())
+    out_theirs, w_theirs = theirs(x, x, x, key_padding_mask=~token_mask, attn_mask=~causal_mask(8),
+                                  average_attn_weights=False)
+    torch.testing.assert_close(out_ours, out_theirs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.attention_weights, w_theirs, rtol=0, atol=1e-6)

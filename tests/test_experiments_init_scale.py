@@ -342,7 +342,7 @@ def test_effect_text_at_its_edges():
 
 
 @pytest.mark.parametrize("mechanism,meaning", [
-    ("both", "both mechanisms are at work"), ("step size", "Only the first interval"),
+    ("both", "at a matched learning rate the saturated network still falls short"), ("step size", "Only the first interval"),
     ("saturation", "Only the second interval"), ("neither", "Neither interval lies above zero")])
 def test_verdict_sentences_carry_one_effect_each(mechanism, meaning):
     text = ins.verdict_sentences(_verdict(mechanism=mechanism))
@@ -387,3 +387,19 @@ def test_evidence_sentences_name_no_file_device_or_date():
             assert not re.search(r"results/|\.csv|\.json|commit|CPU|GPU|20\d\d-|session|thread|worker", text)
     with pytest.raises(ValueError, match="stored_epochs is needed with stored runs"):
         ins.evidence_sentences(page, stored, mode="quick", page_epochs=4)
+
+
+def test_saturation_profile_at_its_extremes(data):
+    keep = {}
+    summary, _ = ins.train_run(TINY, data, 0.1, "adam", 0, keep=keep)
+    again, _ = ins.train_run(TINY, data, 0.1, "adam", 0)
+    assert summary == again  # keeping the model changes nothing
+    assert isinstance(keep["model"], torch.nn.Sequential)
+    huge = ins.saturation_profile(ins.make_classifier(1e6, 0, 12, 8), data["X_train"])
+    assert huge["saturated"] == 1.0 and huge["flat"] > 0.99 and huge["median |z| saturated"] > 1e5
+    tiny = ins.saturation_profile(ins.make_classifier(1e-6, 0, 12, 8), data["X_train"])
+    assert tiny["saturated"] == 0.0 and tiny["flat"] == 0.0 and math.isnan(tiny["median |z| saturated"])
+    profile = ins.saturation_profile(keep["model"], data["X_train"])
+    assert 0 <= profile["flat"] <= profile["saturated"] <= 1
+    with pytest.raises(ValueError, match="saturation must be in"):
+        ins.saturation_profile(keep["model"], data["X_train"], saturation=1.0)

@@ -14,8 +14,12 @@ Two mechanisms can stop it from learning at a large ``std``, and the *arms* of t
 
 An arm is ``(init, optimizer)``: Adam at every ``std`` of the sweep; SGD at the reference and the large ``std``;
 and ``"adam-scaled"``, Adam at the large ``std`` with its learning rate multiplied by ``large_std / reference_std``.
-Adam's step does not depend on the gradient's scale, so that arm changes the weights by the same *fraction* per
-step as Adam at the reference ``std``: what still differs from the reference run is the saturation alone.
+That arm matches the *nominal* step: ``lr / std`` is the same as at the reference ``std``. It does not match the
+steps actually taken. Adam's step is ``lr * m / (sqrt(v) + eps)``: a full ``lr`` only for a weight whose gradient
+keeps its sign, and nothing for a weight whose gradient is exactly zero, as a saturated unit's is. So the gap between
+the scaled arm and the reference run is what a saturated network loses at a matched learning rate, the steps that
+saturation takes away from the first layer included; it is not the cost of saturation at equal realized steps
+(chapter 3 compares the realized relative updates of both layers).
 
 Every training step records, before the update, the share of saturated hidden units (``|tanh z| > saturation``)
 and the mean largest softmax probability on the minibatch, and after it the relative update
@@ -60,7 +64,7 @@ from ..store import (Layout, ResultsStore, collect_runs, config_differences, gri
                      run_grid_cli, run_grid_in_session)
 
 __all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "arm_id", "learning_rate", "load_data",
-           "make_classifier", "train_run", "run_arms", "paired_interval", "mechanism_verdict", "effect_text",
+           "make_classifier", "train_run", "saturation_profile", "run_arms", "paired_interval", "mechanism_verdict", "effect_text",
            "verdict_sentences", "evidence_sentences", "SUMMARY_COLUMNS",
            "STEP_COLUMNS", "STEP_EVERY", "LAYOUT", "store_config", "open_store", "run_grid", "StoredRuns",
            "read_runs", "main"]
@@ -181,8 +185,8 @@ def _forward(model: nn.Sequential, x: torch.Tensor) -> tuple[torch.Tensor, torch
     return z, h, model[2](h)
 
 
-def train_run(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, seed: int
-              ) -> tuple[dict, pd.DataFrame]:
+def train_run(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, seed: int,
+              keep: dict | None = None) -> tuple[dict, pd.DataFrame]:
     """Train one arm with one seed (a seed fixes the initialization and the minibatch order) and measure it.
 
     Returns:
@@ -192,7 +196,8 @@ def train_run(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, se
         norm over weight norm); over training, the median ``relative update (layer 1)`` and ``(layer 2)``; after
         training, ``saturated tanh (end)`` and ``test accuracy``. ``steps``: one row per training step with
         ``step``, ``loss``, ``saturated``, ``max_prob`` (on the minibatch, before the update) and
-        ``rel_update_1``, ``rel_update_2`` (``||W_after - W_before|| / ||W_before||``).
+        ``rel_update_1``, ``rel_update_2`` (``||W_after - W_before|| / ||W_before||``). If ``keep`` is a dict,
+        the trained model is put in it as ``keep["model"]`` (for :func:`saturation_profile`); results are the same.
 
     Raises:
         ValueError: see :func:`learning_rate` and :func:`make_classifier`.
@@ -236,7 +241,33 @@ def train_run(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, se
                     "relative update (layer 2)": float(steps.rel_update_2.median()),
                     "saturated tanh (end)": (h.abs() > cfg.saturation).float().mean().item(),
                     "test accuracy": (test_logits.argmax(-1) == data["y_test"]).float().mean().item()})
+    if keep is not None:
+        keep["model"] = model
     return summary, steps
+
+
+def saturation_profile(model: nn.Sequential, x: torch.Tensor, saturation: float = 0.99) -> dict[str, float]:
+    """How saturated the hidden layer of :func:`make_classifier`'s ``model`` is on the images ``x`` (float32
+    ``(n, n_inputs)``), over all (image, unit) pairs. Chapter 3, section "Initialization scale": "saturated" is a
+    threshold, not a switch.
+
+    Returns:
+        ``saturated``: share with ``|tanh z| > saturation``; ``flat``: share whose derivative ``1 - tanh^2 z`` is
+        exactly 0 in the model's dtype (``tanh z`` rounds to +-1, so no gradient passes at all); ``median |z|
+        saturated``: the median ``|z|`` of the saturated pairs (NaN if there are none).
+
+    Raises:
+        ValueError: ``saturation`` is not in (0, 1).
+    """
+    if not 0 < saturation < 1:
+        raise ValueError(f"saturation must be in (0, 1), got {saturation}")
+    with torch.no_grad():
+        z, h, _ = _forward(model, x)
+        saturated = h.abs() > saturation
+        flat = (1 - h * h) == 0
+        median = z.abs()[saturated].median().item() if saturated.any() else float("nan")
+    return {"saturated": saturated.float().mean().item(), "flat": flat.float().mean().item(),
+            "median |z| saturated": median}
 
 
 def run_arms(cfg: InitScaleConfig, data: dict, seeds: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -284,8 +315,8 @@ def mechanism_verdict(summary: pd.DataFrame, cfg: InitScaleConfig, confidence: f
     Three per-seed differences of test accuracy, each with :func:`paired_interval`:
 
     - ``step``: Adam with scaled learning rate minus Adam, both at ``large_std`` (what larger steps recover);
-    - ``saturation``: Adam at ``reference_std`` minus Adam scaled at ``large_std`` (what remains with equal relative
-      steps: the saturation);
+    - ``saturation``: Adam at ``reference_std`` minus Adam scaled at ``large_std`` (what remains at a matched
+      learning rate ``lr / std``; the realized steps still differ, module docstring);
     - ``sgd``: SGD at ``reference_std`` minus SGD at ``large_std``.
 
     A mechanism counts when its interval lies above zero. Returns a dict with ``mechanism`` (one of
@@ -357,8 +388,8 @@ def verdict_sentences(v: dict) -> dict[str, str]:
         meaning = "With one seed there is no interval, so the two mechanisms cannot be told apart."
     else:
         meaning = {
-            "both": "Both intervals lie above zero. Saturation is the only thing that differs between the scaled "
-                    "run and the run at 0.1, so both mechanisms are at work.",
+            "both": "Both intervals lie above zero: larger steps recover part of the accuracy, and at a matched "
+                    "learning rate the saturated network still falls short.",
             "step size": "Only the first interval lies above zero: under Adam the failure is the step size, not "
                          "the saturation.",
             "saturation": "Only the second interval lies above zero: the failure is the saturation, not the step "
@@ -366,10 +397,10 @@ def verdict_sentences(v: dict) -> dict[str, str]:
             "neither": "Neither interval lies above zero, so these seeds do not tell the two mechanisms apart.",
         }[v["mechanism"]]
     short = {
-        "both": "both mechanisms act: Adam's steps are too small for weights of size 200, and with steps scaled "
-                "to the weights, saturation still costs accuracy",
-        "step size": "under Adam the step size, too small for weights of size 200, is the mechanism; with steps "
-                     "scaled to the weights the saturated network learns as well as at 0.1",
+        "both": "both mechanisms act: Adam's steps are too small for weights of size 200, and with its learning "
+                "rate scaled to the weights the saturated network still falls short",
+        "step size": "under Adam the step size, too small for weights of size 200, is the mechanism; with its "
+                     "learning rate scaled to the weights the saturated network learns as well as at 0.1",
         "saturation": "saturation is the mechanism; scaling Adam's steps to the weights did not help",
         "neither": f"{'one seed does' if n == 1 else f'{n} seeds do'} not separate the two mechanisms",
     }[v["mechanism"]]
