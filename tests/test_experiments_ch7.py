@@ -388,14 +388,34 @@ def test_half_sentence_at_its_edges():
 
 def test_own_digit_sentence_at_its_edges():
     assert ha.own_digit_sentence([0.99, 0.9904]) == (
-        "On this canvas, each generated token puts 0.99 of its weight on the grid columns of the digit it should name.")
-    assert "between 0.95 and 0.99 of" in ha.own_digit_sentence(torch.tensor([0.95, 0.99, 0.97]))
+        "On this canvas, each generated token puts 99% of its weight on the grid columns of the digit it should name.")
+    assert "between 95% and 99% of" in ha.own_digit_sentence(torch.tensor([0.95, 0.99, 0.97]))
     assert "between" not in ha.own_digit_sentence([0.0, 0.0])
     assert ha.own_digit_sentence([1.0], where="") == (
-        "The generated token puts 1.00 of its weight on the grid columns of the digit it should name.")
-    assert ha.own_digit_sentence([0.5]).startswith("On this canvas, the generated token puts 0.50")
+        "The generated token puts 100% of its weight on the grid columns of the digit it should name.")
+    assert ha.own_digit_sentence([0.5]).startswith("On this canvas, the generated token puts 50%")
     with pytest.raises(ValueError, match="shares is empty"):
         ha.own_digit_sentence([])
+
+
+def test_captions_sentence_says_all_three_when_the_decoders_agree():
+    same = {"soft": "4 4 6", "hard": "4 4 6", "gumbel": "4 4 6"}
+    assert ha.captions_sentence("4 4 6", same) == "The canvas reads 4 4 6, and all three decoders write 4 4 6."
+    assert ha.captions_sentence("1 2 3", same) == "The canvas reads 1 2 3, and all three decoders write 4 4 6."
+    assert ha.captions_sentence("4 4 6", {"soft": "4 4 6", "hard": "4 1 6", "gumbel": "4 4 6"}) == (
+        "The canvas reads 4 4 6; the soft decoder writes 4 4 6, the hard decoder 4 1 6 and the Gumbel decoder 4 4 6.")
+    assert ha.captions_sentence("7", {"soft": "7", "gumbel": "7"}) == "The canvas reads 7, and both decoders write 7."
+    assert ha.captions_sentence("7", {"hard": "1"}) == "The canvas reads 7; the hard decoder writes 1."
+    with pytest.raises(ValueError, match="captions is empty"):
+        ha.captions_sentence("7", {})
+
+
+def test_agreement_phrase_at_zero():
+    assert ha.agreement_phrase(0.0) == "exactly"
+    assert ha.agreement_phrase(torch.tensor(1.1e-16)) == "to within 1.1e-16"
+    for bad in (-1e-9, float("nan")):
+        with pytest.raises(ValueError, match="at least 0"):
+            ha.agreement_phrase(bad)
 
 
 @pytest.mark.parametrize("bias_a, bias_b, var_a, var_b, expected", [
@@ -439,8 +459,10 @@ def test_paper_sentence_counts_the_data_sets():
 
 def test_uniformity_sentence_and_its_threshold():
     text, flat = ex.uniformity_sentence(0.0085, 0.005, 1.7)
-    assert flat and text == ("This model's attention is nearly uniform: the median test review puts at most 0.009 of "
-                             "its weight on any one token, where uniform weights would give each token 0.005.")
+    assert flat and text == ("This model's attention is nearly uniform: the largest weight in the median test review "
+                             "is 0.009, where uniform weights would give every token 0.005.")
+    assert ex.uniformity_sentence(0.0051, 0.005, 1.0)[0].endswith(
+        "is 0.005, the same as uniform weights would give every token.")
     assert ex.uniformity_sentence(0.005, 0.005, 1.0)[1]
     text, flat = ex.uniformity_sentence(0.9, 0.01, 90.0)
     assert not flat and text.startswith("This model's attention is peaked:")
@@ -461,6 +483,14 @@ def test_attention_peaks_of_uniform_and_learned_attention(ex_data):
     model, _ = ex.train_classifier(EX_CFG, ex_data, show_progress=False)
     peaks = ex.attention_peaks(model, test)
     assert (peaks.ratio >= 1 - 1e-5).all() and (peaks.ratio <= peaks.length + 1e-5).all()
+
+
+def test_percent_of_at_its_edges():
+    assert [ex.percent_of(x) for x in (0, 0.001, 0.0051, 0.51, 0.92, 0.9949, 0.996, 1)] == [
+        "none", "under 1%", "1%", "51%", "92%", "99%", "over 99%", "all"]
+    for bad in (-0.1, 1.1, float("nan")):
+        with pytest.raises(ValueError, match="share must lie"):
+            ex.percent_of(bad)
 
 
 def test_twin_verdict_and_meaning():
@@ -487,6 +517,9 @@ def test_interval_phrase_at_equal_bounds():
 def test_tau_word_and_tau_above_half_sentence():
     assert [ex.tau_word(t) for t in (-0.5, 0.0, 0.1, 0.3, 0.6, 1.0, float("nan"))] == [
         "hardly", "hardly", "loosely", "moderately", "closely", "closely", "hardly"]
+    assert ex.tau_bands_sentence() == (
+        "We say that two scores rank the tokens hardly alike when the median τ is below 0.1, loosely alike below "
+        "0.3, moderately alike below 0.6, and closely alike above that.")
     assert ex.tau_above_half_sentence(0, 0, 50) == (
         "τ exceeds one half in no review, neither for attention against gradient nor for gradient against "
         "leave-one-out.")
@@ -507,9 +540,10 @@ def test_explanation_verdict_is_limited_to_the_model_tested():
     text = ex.explanation_verdict(False, True, "loosely", True, True)
     assert text.startswith("The verdict holds for this model, whose attention is nearly uniform.")
     assert "its uniform twin is more accurate" in text and "not, by themselves, a faithful account" in text
+    assert "rank the tokens only loosely alike." in text
     tie = ex.explanation_verdict(False, False, "hardly", False, False)
     assert tie.startswith("The verdict holds for this model.") and "as accurate, within test-set noise" in tie
-    assert "Very different weights" not in tie
+    assert "Very different weights" not in tie and "rank the tokens hardly alike." in tie
     good = ex.explanation_verdict(True, False, "closely", True, False)
     assert "it beats its uniform twin" in good and "point to tokens that matter" in good
     with pytest.raises(ValueError, match="cannot both hold"):

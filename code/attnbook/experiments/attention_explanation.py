@@ -59,7 +59,8 @@ __all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "train_tw
            "accuracy_difference", "explanation_tests", "run_one", "stored_summary", "main", "LAYOUT", "ATTENTIONS",
            "NEARLY_UNIFORM_RATIO", "attention_peaks", "uniformity_sentence", "twin_verdict", "interval_phrase",
            "twin_meaning",
-           "tau_word", "tau_above_half_sentence", "explanation_verdict"]
+           "tau_word", "TAU_BANDS", "tau_bands_sentence", "tau_above_half_sentence", "explanation_verdict",
+           "percent_of"]
 
 
 @dataclass(frozen=True)
@@ -453,8 +454,12 @@ def uniformity_sentence(median_max_weight: float, median_uniform: float, median_
         raise ValueError(f"median_ratio must be at least 1 (uniform attention), got {median_ratio}")
     nearly_uniform = median_ratio < NEARLY_UNIFORM_RATIO
     kind = "nearly uniform" if nearly_uniform else "peaked"
-    sentence = (f"This model's attention is {kind}: the median test review puts at most {median_max_weight:.3f} of "
-                f"its weight on any one token, where uniform weights would give each token {median_uniform:.3f}.")
+    largest, uniform = f"{median_max_weight:.3f}", f"{median_uniform:.3f}"
+    if largest == uniform:
+        tail = "the same as uniform weights would give every token"
+    else:
+        tail = f"where uniform weights would give every token {uniform}"
+    sentence = f"This model's attention is {kind}: the largest weight in the median test review is {largest}, {tail}."
     return sentence, nearly_uniform
 
 
@@ -509,12 +514,43 @@ def twin_meaning(learned_ahead: bool, nearly_uniform: bool) -> str:
             "the tokens that the prediction rests on.")
 
 
+TAU_BANDS = ((0.1, "hardly"), (0.3, "loosely"), (0.6, "moderately"))
+"""Upper ends of the bands of :func:`tau_word` (a median Kendall's tau below the bound gets the word); above the
+last bound the word is "closely"."""
+
+
 def tau_word(tau: float) -> str:
     """How closely two rankings agree, by a median Kendall's tau: "hardly" (below 0.1, negative included),
-    "loosely" (below 0.3), "moderately" (below 0.6), "closely"."""
-    if not tau >= 0.1:  # NaN reads as no agreement
-        return "hardly"
-    return "loosely" if tau < 0.3 else "moderately" if tau < 0.6 else "closely"
+    "loosely" (below 0.3), "moderately" (below 0.6), "closely" (:data:`TAU_BANDS`). The word fits "rank the
+    tokens ... alike"."""
+    for bound, word in TAU_BANDS:
+        if not tau >= bound:  # NaN reads as no agreement
+            return word
+    return "closely"
+
+
+def tau_bands_sentence() -> str:
+    """The definition of :func:`tau_word`'s words, from :data:`TAU_BANDS`, as one sentence for chapter 7."""
+    parts = [f"{word} alike below {bound:g}" for bound, word in TAU_BANDS]
+    parts[0] = parts[0].replace(" below ", " when the median τ is below ", 1)
+    return f"We say that two scores rank the tokens {', '.join(parts)}, and closely alike above that."
+
+
+def percent_of(share: float) -> str:
+    """A share in [0, 1] as the quantity of a phrase "... of the reviews": "none", "all", "under 1%", "over 99%" or a
+    whole percentage such as "51%". Chapter 7, sections "The reviews" and "Attention against importance".
+
+    Raises:
+        ValueError: ``share`` is outside [0, 1] or NaN.
+    """
+    if not 0 <= share <= 1:
+        raise ValueError(f"share must lie in [0, 1], got {share}")
+    if share == 0:
+        return "none"
+    if share == 1:
+        return "all"
+    text = f"{share:.0%}"
+    return "under 1%" if text == "0%" else "over 99%" if text == "100%" else text
 
 
 def _reviews(n: int, total: int) -> str:
@@ -566,7 +602,8 @@ def explanation_verdict(learned_ahead: bool, uniform_ahead: bool, agreement: str
     else:
         parts.append("It does not need its weights: its uniform twin is as accurate, within test-set noise.")
     if agreement in ("hardly", "loosely"):
-        parts.append(f"The weights rank the tokens only {agreement} like the importance measures.")
+        only = "only " if agreement == "loosely" else ""
+        parts.append(f"The weights and the importance measures rank the tokens {only}{agreement} alike.")
     else:
         parts.append(f"The importance measures {agreement} confirm the weights' ranking.")
     if same_prediction:

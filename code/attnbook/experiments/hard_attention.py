@@ -49,6 +49,8 @@ __all__ = [
     "ESTIMATOR_NAMES",
     "half_sentence",
     "own_digit_sentence",
+    "captions_sentence",
+    "agreement_phrase",
     "compare_estimators",
     "order_sentence",
     "paper_sentence",
@@ -422,13 +424,14 @@ def half_sentence(half: dict[str, int | None], steps: int) -> str:
     return " ".join(parts)
 
 
-def own_digit_sentence(shares, digits: int = 2, where: str = "On this canvas") -> str:
+def own_digit_sentence(shares, digits: int = 0, where: str = "On this canvas") -> str:
     """The sentence under chapter 7's heatmap: the share of each generated token's attention that lies on the grid
-    columns of the digit it should name, as one number when all shares print alike and as a range otherwise.
+    columns of the digit it should name, as a percentage, one number when all shares print alike and a range
+    otherwise.
 
     Args:
         shares: one share in [0, 1] per generated token (a sequence or a 1-d tensor).
-        digits: decimals shown.
+        digits: decimals of the percentage shown.
         where: the sentence's opening phrase ("" for none).
 
     Raises:
@@ -437,11 +440,51 @@ def own_digit_sentence(shares, digits: int = 2, where: str = "On this canvas") -
     values = [float(s) for s in shares]
     if not values:
         raise ValueError("shares is empty: there is no token to describe")
-    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    low, high = f"{min(values):.{digits}%}", f"{max(values):.{digits}%}"
     share = low if low == high else f"between {low} and {high}"
     who = "the generated token" if len(values) == 1 else "each generated token"
     opening = f"{where}, {who}" if where else who[0].upper() + who[1:]
     return f"{opening} puts {share} of its weight on the grid columns of the digit it should name."
+
+
+def captions_sentence(truth: str, captions: dict[str, str]) -> str:
+    """The sentence under chapter 7's attention maps: what the canvas reads and what each decoder writes, saying
+    "all three" (or "both", "all N") when the decoders agree instead of repeating one caption.
+
+    Args:
+        truth: the canvas's caption, e.g. ``"4 4 6"``.
+        captions: decoder name (``soft``, ``hard``, ``gumbel`` or any other) to the caption it writes, in the
+            order to list them.
+
+    Raises:
+        ValueError: ``captions`` is empty.
+    """
+    if not captions:
+        raise ValueError("captions is empty: there is no decoder to describe")
+    names = {"soft": "soft", "hard": "hard", "gumbel": "Gumbel"}
+    written = list(captions.values())
+    if len(captions) == 1:
+        mode = next(iter(captions))
+        return f"The canvas reads {truth}; the {names.get(mode, mode)} decoder writes {written[0]}."
+    if len(set(written)) == 1:
+        who = "both" if len(written) == 2 else "all three" if len(written) == 3 else f"all {len(written)}"
+        return f"The canvas reads {truth}, and {who} decoders write {written[0]}."
+    parts = [f"the {names.get(m, m)} decoder {c}" for m, c in captions.items()]
+    parts[0] = parts[0].replace(" decoder ", " decoder writes ", 1)
+    return f"The canvas reads {truth}; {listing(parts)}."
+
+
+def agreement_phrase(difference: float) -> str:
+    """How closely the library agrees with an inline version, from the largest absolute difference: "exactly" at
+    0, otherwise "to within 1.1e-16" (a phrase that follows "equals the inline one").
+
+    Raises:
+        ValueError: ``difference`` is negative or NaN.
+    """
+    difference = float(difference)
+    if not difference >= 0:
+        raise ValueError(f"difference must be at least 0, got {difference}")
+    return "exactly" if difference == 0 else f"to within {difference:.1e}"
 
 
 def compare_estimators(name_a: str, name_b: str, bias_a: float, bias_b: float, var_a: float, var_b: float) -> str:
