@@ -1,11 +1,13 @@
 """attnbook.demo_classifier: shapes, the padding mask, determinism, and learning on a synthetic task whose answer is
 known (one signal word per sequence decides the label). The real-review demo runs in chapter 1."""
 
+import pandas as pd
 import pytest
 import torch
 
-from attnbook.demo_classifier import (AttentionBagClassifier, accuracy, one_thread, train_classifier,
-                                      word_weights)
+from attnbook.demo_classifier import (AttentionBagClassifier, accuracy, confidence, count_sentence, fit_sentence,
+                                      one_thread, quoted, top_content_words, train_classifier, word_weights,
+                                      zero_up_to_rounding)
 from attnbook.text import Vocab
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -110,3 +112,89 @@ def test_word_weights_lists_every_token():
     assert 0.0 < p_pos < 1.0
     empty, _ = word_weights(model, vocab, "")
     assert empty["token"].tolist() == ["<unk>"] and empty["weight"].tolist() == [1.0]
+
+
+def test_confidence_lies_between_a_half_and_one():
+    model, _, (ids, lengths, labels, _) = _trained()
+    c = confidence(model, ids, lengths)
+    assert 0.5 <= c <= 1.0
+    assert c == pytest.approx(confidence(model, ids, lengths))
+
+
+def test_top_content_words_skips_numbers_and_stop_words():
+    table = pd.DataFrame({"token": ["most", "bad", "1", ",", "dull", "bad", "film"],
+                          "weight": [0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05]})
+    assert top_content_words(table, k=2) == ["bad", "dull"]
+    assert top_content_words(table, k=5) == ["bad", "dull", "film"]  # fewer than k, each once
+    assert top_content_words(table, k=0) == []
+    assert top_content_words(table.iloc[[0, 2, 3]], k=2) == []  # no content word at all
+    with pytest.raises(ValueError, match="k must be"):
+        top_content_words(table, k=-1)
+
+
+def test_quoted():
+    assert quoted(["bad"]) == "“bad”"
+    assert quoted(["bad", "dull"]) == "“bad” and “dull”"
+    assert quoted(["a", "b", "c"]) == "“a”, “b” and “c”"
+    with pytest.raises(ValueError):
+        quoted([])
+
+
+@pytest.mark.parametrize("k, n, expected", [
+    (0, 9, "None of the 9 recipes is correct"),
+    (1, 9, "Only one of the 9 recipes is correct"),
+    (3, 9, "3 of the 9 recipes are correct"),
+    (9, 9, "All 9 recipes are correct"),
+    (2, 2, "Both recipes are correct"),
+    (0, 2, "None of the 2 recipes is correct"),
+    (1, 1, "The one recipe is correct"),
+    (0, 1, "The one recipe is not correct"),
+    (0, 10_000, "None of the 10,000 recipes is correct"),
+    (1_234, 10_000, "1,234 of the 10,000 recipes are correct"),
+])
+def test_count_sentence_at_edge_values(k, n, expected):
+    assert count_sentence(k, n, "recipe", ("is correct", "are correct")) == expected
+
+
+def test_count_sentence_plural_noun_and_errors():
+    assert (count_sentence(0, 10_000, "sample", ("was an invalid action", "were invalid actions"))
+            == "None of the 10,000 samples was an invalid action")
+    assert count_sentence(2, 5, "child", ("is", "are"), "children") == "2 of the 5 children are"
+    for k, n in [(-1, 3), (4, 3), (0, 0)]:
+        with pytest.raises(ValueError, match="0 <= k <= n"):
+            count_sentence(k, n, "recipe", ("is", "are"))
+
+
+def test_zero_up_to_rounding():
+    assert zero_up_to_rounding(0.0, 1e-12) == "exactly zero"
+    assert zero_up_to_rounding(2e-16, 1e-12) == "zero up to rounding (at most 2.0e-16)"
+    assert zero_up_to_rounding(1e-12, 1e-12) == "zero up to rounding (at most 1.0e-12)"
+    assert zero_up_to_rounding(1e-3, 1e-12) == "not zero (up to 1.0e-03)"
+    assert zero_up_to_rounding(0.0, 0.0) == "exactly zero"
+    for bad in [(-1e-3, 1e-12), (float("nan"), 1e-12), (0.0, -1.0)]:
+        with pytest.raises(ValueError, match="must be >= 0"):
+            zero_up_to_rounding(*bad)
+
+
+@pytest.mark.parametrize("train, test, conf, parts", [
+    (0.98, 0.84, 0.92, ["overfits", "overconfident", "Neither matters"]),
+    (0.85, 0.84, 0.84, ["about as well", "close to its accuracy"]),
+    (0.98, 0.84, 0.84, ["overfits", "close to its accuracy", "That does not matter"]),
+    (0.85, 0.84, 0.60, ["about as well", "underconfident", "That does not matter"]),
+    (1.0, 1.0, 1.0, ["about as well", "close to its accuracy"]),
+    (0.5, 0.5, 0.5, ["about as well", "close to its accuracy"]),
+])
+def test_fit_sentence_at_edge_values(train, test, conf, parts):
+    text = fit_sentence(train, test, conf)
+    for part in parts:
+        assert part in text
+    assert text.endswith(".")
+    assert ("matter" in text) == (len(parts) == 3)  # the caveat only when something needs it
+    assert all(len(sentence.split()) <= 40 for sentence in text.split(". "))
+
+
+def test_fit_sentence_rejects_bad_shares():
+    with pytest.raises(ValueError, match="must lie in"):
+        fit_sentence(1.2, 0.8, 0.9)
+    with pytest.raises(ValueError, match="margin"):
+        fit_sentence(0.9, 0.8, 0.9, margin=-0.1)

@@ -17,6 +17,9 @@ weights show which words the model has learned to look up, not which it has read
 
 The data (:func:`short_review_splits`) are the IMDB reviews of Maas et al. (2011) with at most ``max_words``
 whitespace-separated words, loaded and split by :mod:`attnbook.data.reviews`.
+
+The last functions word chapter 1's glued sentences from its numbers (:func:`fit_sentence`, :func:`count_sentence`,
+:func:`zero_up_to_rounding`, :func:`top_content_words`, :func:`quoted`), so that they read well at 0, 1 and many.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from torch import Tensor, nn
 from .masking import lengths_to_mask, masked_softmax
 
 __all__ = ["ReviewDemoConfig", "AttentionBagClassifier", "one_thread", "train_classifier", "accuracy",
-           "short_review_splits", "train_review_demo", "word_weights"]
+           "confidence", "short_review_splits", "train_review_demo", "word_weights", "top_content_words",
+           "quoted", "fit_sentence", "count_sentence", "zero_up_to_rounding"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,17 @@ def accuracy(model: nn.Module, ids: Tensor, lengths: Tensor, labels: Tensor) -> 
     return float(((logits > 0).long() == labels.long()).float().mean())
 
 
+@torch.no_grad()
+def confidence(model: nn.Module, ids: Tensor, lengths: Tensor) -> float:
+    """Mean probability that ``model(ids (n, T), lengths (n,))`` gives the class it predicts, ``max(p, 1 - p)``
+    with ``p = sigmoid(logit)``, as a float in [0.5, 1]. Compared with the accuracy it shows over- or
+    underconfidence."""
+    model.eval()
+    with one_thread():
+        p = torch.sigmoid(model(ids, lengths)[0])
+    return float(torch.maximum(p, 1 - p).mean())
+
+
 def short_review_splits(max_words: int = 120, seed: int = 0) -> dict[str, pd.DataFrame]:
     """The IMDB reviews with at most ``max_words`` whitespace words, split 80/10/10 into ``train``, ``validation``
     and ``test`` (stratified by label, seeded), from :func:`attnbook.data.reviews.load_reviews`.
@@ -172,8 +187,10 @@ def train_review_demo(config: ReviewDemoConfig = ReviewDemoConfig()) -> dict:
 
     Returns:
         ``{"model", "vocab", "splits" (DataFrames), "losses" (per epoch), "accuracy" ({split: share correct}),
-        "majority" (share of the commoner class in the test split), "sizes" ({split: reviews})}``. The same
-        ``config`` gives the same model and numbers on the same machine.
+        "confidence" ({split: mean max(p, 1 - p)}, see :func:`confidence`), "baseline" ({split: share of the
+        split that always guessing the training set's commoner class gets right}), "majority" (share of the
+        commoner class in the test split), "sizes" ({split: reviews})}``. The same ``config`` gives the same
+        model and numbers on the same machine.
     """
     from .data.reviews import build_vocab, encode
 
@@ -186,8 +203,11 @@ def train_review_demo(config: ReviewDemoConfig = ReviewDemoConfig()) -> dict:
     losses = train_classifier(model, *encoded["train"], labels["train"], epochs=config.epochs,
                               batch_size=config.batch_size, lr=config.lr, seed=config.seed)
     test_labels = labels["test"].float()
+    commoner = int(labels["train"].float().mean() >= 0.5)
     return {"model": model, "vocab": vocab, "splits": splits, "losses": losses,
             "accuracy": {name: accuracy(model, *encoded[name], labels[name]) for name in splits},
+            "confidence": {name: confidence(model, *encoded[name]) for name in splits},
+            "baseline": {name: float((labels[name] == commoner).float().mean()) for name in splits},
             "majority": float(max(test_labels.mean(), 1 - test_labels.mean())),
             "sizes": {name: len(df) for name, df in splits.items()}}
 
@@ -209,3 +229,115 @@ def word_weights(model: AttentionBagClassifier, vocab, text: str, max_len: int =
     table = pd.DataFrame({"token": tokens, "weight": weights[0, :len(tokens)].tolist()})
     return table, float(torch.sigmoid(logits[0]))
 
+
+
+def top_content_words(table: pd.DataFrame, k: int = 2) -> list[str]:
+    """The ``k`` content words with the largest attention weight in ``table`` (as from :func:`word_weights`:
+    columns ``token`` and ``weight``), largest first, each once. A content word is alphabetic and not one of
+    scikit-learn's English stop words, so that numbers, punctuation and words such as "most" or "the" are
+    skipped. Fewer than ``k`` come back when the table has fewer content words (possibly none).
+
+    Raises:
+        ValueError: ``k`` < 0.
+    """
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    words: list[str] = []
+    for token in table.sort_values("weight", ascending=False, kind="stable")["token"]:
+        if len(words) == k:
+            break
+        if token.isalpha() and token.lower() not in ENGLISH_STOP_WORDS and token not in words:
+            words.append(token)
+    return words
+
+
+def quoted(words) -> str:
+    """The words in curly quotes, as prose: "“a”", "“a” and “b”", "“a”, “b” and “c”".
+
+    Raises:
+        ValueError: ``words`` is empty.
+    """
+    from .runtime import listing
+
+    return listing([f"\u201c{w}\u201d" for w in words])
+
+
+def fit_sentence(train_accuracy: float, test_accuracy: float, test_confidence: float, *,
+                 margin: float = 0.05) -> str:
+    """The sentences of chapter 1 on how the demo model fits: whether it overfits (training accuracy above test
+    accuracy by more than ``margin``) and whether its probabilities are overconfident (mean confidence on test
+    reviews above the test accuracy by more than ``margin``) or underconfident, and, if either, that this does not
+    matter for reading the attention weights. Shares are floats in [0, 1].
+
+    Raises:
+        ValueError: a share lies outside [0, 1] or ``margin`` is negative.
+    """
+    for name, value in [("train_accuracy", train_accuracy), ("test_accuracy", test_accuracy),
+                        ("test_confidence", test_confidence)]:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {value}")
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    overfits = train_accuracy - test_accuracy > margin
+    fit = ("The model overfits its small training set" if overfits
+           else "The model does about as well on test reviews as on its training reviews")
+    if test_confidence - test_accuracy > margin:
+        calibration, miscalibrated = ("its probabilities are overconfident (on test reviews its mean confidence is "
+                                      "above its accuracy)"), True
+    elif test_accuracy - test_confidence > margin:
+        calibration, miscalibrated = ("its probabilities are underconfident (on test reviews its mean confidence "
+                                      "is below its accuracy)"), True
+    else:
+        calibration, miscalibrated = "its mean confidence on test reviews is close to its accuracy", False
+    trailer = {0: "", 1: " That does not matter for reading its weights.",
+               2: " Neither matters for reading its weights."}[overfits + miscalibrated]
+    return f"{fit}, and {calibration}.{trailer}"
+
+
+def count_sentence(k: int, n: int, noun: str, predicate: tuple[str, str], plural_noun: str | None = None) -> str:
+    """A sentence that says how many of ``n`` things have a property, worded for 0, 1, several and all.
+
+    ``predicate`` is the (singular, plural) verb phrase, e.g. ``("is correct", "are correct")``. Examples with
+    ``n = 9`` and ``noun = "recipe"``: ``k = 0``: "None of the 9 recipes is correct"; ``k = 1``: "Only one of the
+    9 recipes is correct"; ``k = 3``: "3 of the 9 recipes are correct"; ``k = 9``: "All 9 recipes are correct".
+    With ``n = 2``: "Both recipes are correct"; with ``n = 1``: "The one recipe is correct" or "The one recipe is
+    not" + the rest. Large counts are written with thousands commas (10,000). No final full stop.
+
+    Raises:
+        ValueError: ``k`` < 0, ``n`` < 1 or ``k`` > ``n``.
+    """
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    nouns = plural_noun or noun + "s"
+    singular, plural = predicate
+    if n == 1:
+        if k == 1:
+            return f"The one {noun} {singular}"
+        verb, rest = (singular.split(" ", 1) + [""])[:2]
+        return f"The one {noun} {verb} not {rest}".rstrip()
+    if k == 0:
+        return f"None of the {n:,} {nouns} {singular}"
+    if k == 1:
+        return f"Only one of the {n:,} {nouns} {singular}"
+    if k == n:
+        return f"Both {nouns} {plural}" if n == 2 else f"All {n:,} {nouns} {plural}"
+    return f"{k:,} of the {n:,} {nouns} {plural}"
+
+
+def zero_up_to_rounding(largest: float, tolerance: float) -> str:
+    """How to call a quantity that should be zero, given its ``largest`` magnitude: "exactly zero" (0),
+    "zero up to rounding (at most 2.0e-16)" (0 < largest <= tolerance), or "not zero (up to 1.0e-03)" (above the
+    tolerance, which the page must then not hide).
+
+    Raises:
+        ValueError: ``largest`` or ``tolerance`` is negative or NaN.
+    """
+    if not largest >= 0 or not tolerance >= 0:
+        raise ValueError(f"largest and tolerance must be >= 0, got {largest} and {tolerance}")
+    if largest == 0:
+        return "exactly zero"
+    if largest <= tolerance:
+        return f"zero up to rounding (at most {largest:.1e})"
+    return f"not zero (up to {largest:.1e})"
