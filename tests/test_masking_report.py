@@ -10,7 +10,8 @@ import pytest
 from dataclasses import replace
 
 from attnbook.experiments.masking_report import (ARMS, CORRECTED, MIN_PAIRS, Arm, answer_table, boost_odds,
-                                                 direction_agrees, format_answer, seed_by_seed, verdict)
+                                                 bucketing_verdict, direction_agrees, format_answer, rho_sentence,
+                                                 seed_by_seed, share_or_none, signed, verdict)
 from attnbook.stats import compare_paired
 
 FACTORS = ["pooling", "masking", "rnn_input", "batching", "precision"]
@@ -172,7 +173,11 @@ def test_seed_by_seed_counts_boosts_speed_and_the_pad_mass_relation():
     assert row.share_ahead == pytest.approx(0.7) == row.share_ahead_val
     assert row.median_speed_change == pytest.approx(-0.04)
     assert -1 <= row.spearman_pad_mass <= 1
+    assert -1 <= row.spearman_low <= row.spearman_pad_mass <= row.spearman_high <= 1
+    assert row.sd_diff == pytest.approx(np.std(gain, ddof=1))   # the spread of the paired gains
     assert "gpu" not in seed_by_seed(frame, arm).index
+    again = seed_by_seed(frame, arm).loc["cpu"]   # a seeded bootstrap: the same interval twice
+    assert (again.spearman_low, again.spearman_high) == (row.spearman_low, row.spearman_high)
 
 
 def test_seed_by_seed_edges():
@@ -180,7 +185,9 @@ def test_seed_by_seed_edges():
     frame = central(2, 0.01)
     row = seed_by_seed(frame).loc["cpu"]
     assert row.n_pairs == 2 and np.isnan(row.share_ahead_val) and np.isnan(row.median_speed_change)
-    assert np.isnan(row.spearman_pad_mass)
+    assert np.isnan(row.spearman_pad_mass) and np.isnan(row.spearman_low) and np.isnan(row.spearman_high)
+    assert np.isfinite(row.sd_diff)
+    assert np.isnan(seed_by_seed(central(12, 0.01)[lambda f: f.seed < 1]).loc["cpu", "sd_diff"])   # one seed
     flat = central(5, 0.01)
     flat["test_accuracy"] = 0.8
     flat["pad_mass"] = np.arange(len(flat)) / 100
@@ -196,3 +203,53 @@ def test_boost_odds_reads_well_at_its_edges():
     assert boost_odds(1, 1) == "the single pair of runs shows a boost"
     assert boost_odds(0, 5) == "no single pair of runs shows a boost (0 of 5 seeds)"
     assert boost_odds(0, 0) == "no pair of runs has been made yet"
+
+
+def test_signed_never_writes_minus_zero():
+    assert signed(-0.0047) == "0.00" == signed(0.0) == signed(0.004) == signed(-0.0)
+    assert signed(-0.005001) == "-0.01" and signed(0.3) == "+0.30" and signed(-0.44) == "-0.44"
+    assert signed(float("nan")) == "–" and signed(0.25, 1) == "+0.2"
+    table = answer_table(central(12, 0.0), n_resamples=999)
+    table.loc[0, ["mean_diff", "ci_low", "ci_high"]] = [0.00001, -0.00004, 0.0002]
+    assert format_answer(table).iloc[0]["accuracy change (points)"] == "0.00 [0.00, +0.02]"
+
+
+def _rho(*rows):
+    return pd.DataFrame(rows, columns=["spearman_pad_mass", "spearman_low", "spearman_high"])
+
+
+def test_rho_sentence_reads_well_at_its_edges():
+    both_hint = rho_sentence(_rho((0.63, 0.19, 0.87), (0.42, -0.08, 0.78)))
+    assert both_hint.startswith("On both kinds of device, seeds whose unmasked model gave the pads more attention "
+                                "tended to gain more from the mask. But")
+    assert "includes zero on 1 of 2 kinds of device: a hint, not a finding." in both_hint
+    assert rho_sentence(_rho((0.5, -0.1, 0.8), (0.4, -0.2, 0.7))).endswith("includes zero on both: a hint, not a "
+                                                                            "finding.")
+    found = rho_sentence(_rho((0.63, 0.19, 0.87), (0.6, 0.1, 0.9)))
+    assert found.endswith("excludes zero on both.") and "tended to gain more" in found
+    one = rho_sentence(_rho((-0.6, -0.9, -0.2)))
+    assert one.startswith("Seeds whose") and "gain less" in one and one.endswith("excludes zero.")
+    assert rho_sentence(_rho((0.5, -0.1, 0.8))).endswith("includes zero: a hint, not a finding.")
+    assert rho_sentence(_rho((0.5, 0.1, 0.8), (-0.3, -0.6, 0.1))) == ("A seed's gain shows no consistent relation "
+                                                                       "to its unmasked pad mass.")
+    assert rho_sentence(_rho((0.0, -0.5, 0.5))).startswith("A seed's gain shows no")
+    assert rho_sentence(_rho((np.nan, np.nan, np.nan))).startswith("The stored runs cannot")
+    assert rho_sentence(_rho()).startswith("The stored runs cannot")
+
+
+def test_bucketing_verdict_follows_the_data():
+    assert bucketing_verdict("higher", 0.0045, 0.0006) == "no: the mask still raised accuracy"
+    assert bucketing_verdict("lower", 0.0, 0.0) == "holds: the mask lowered accuracy"
+    sensitive = "partly: less padding, but a model more sensitive to it"
+    assert bucketing_verdict("no difference resolved", 0.0045, 0.0006) == sensitive
+    assert bucketing_verdict(CORRECTED, 0.0045, 0.0006) == sensitive
+    holds = "holds, while the batches stay bucketed"
+    assert bucketing_verdict("no difference resolved", 0.0006, 0.0006) == holds   # equal: not more sensitive
+    assert bucketing_verdict("no difference resolved", np.nan, 0.0006) == holds   # not measured
+    assert bucketing_verdict("not yet answered", 0.0, 0.001) == "not yet answered"
+
+
+def test_share_or_none_in_words():
+    assert share_or_none(0) == "none" and share_or_none(1) == "all"
+    assert share_or_none(0.085) == "8.5%" and share_or_none(0.0001) == "under 0.1%"
+    assert share_or_none(0.0001, 2) == "0.01%" and share_or_none(float("nan")) == "not measured"

@@ -32,7 +32,8 @@ from ..store import device_kind   # re-exported: the kind of device a stored run
 from .masking import condition_id
 
 __all__ = ["Arm", "ARMS", "MIN_PAIRS", "CORRECTED", "ALPHA", "answer_table", "format_answer", "verdict",
-           "direction_agrees", "device_kind", "runs_by_kind", "paired_table", "seed_by_seed", "boost_odds"]
+           "direction_agrees", "device_kind", "runs_by_kind", "paired_table", "seed_by_seed", "boost_odds",
+           "signed", "rho_sentence", "bucketing_verdict", "share_or_none"]
 
 #: Paired seeds an arm needs before the chapter draws a verdict from it (issue "Chapter 5 gives its answer at full
 #: scale": at least 10, and 20 is the goal).
@@ -234,8 +235,8 @@ def format_answer(table: pd.DataFrame) -> pd.DataFrame:
             "compared with": t.get("compared_with", t.baseline) or t.baseline,
             "seeds": int(t.n_pairs),
             "device": str(t.device_kind).upper() if t.device_kind else "–",
-            "accuracy change (points)": (f"{100 * t.mean_diff:+.2f} [{100 * t.ci_low:+.2f}, {100 * t.ci_high:+.2f}]"
-                                         if answered else "–"),
+            "accuracy change (points)": (f"{signed(100 * t.mean_diff)} [{signed(100 * t.ci_low)}, "
+                                         f"{signed(100 * t.ci_high)}]" if answered else "–"),
             "better / worse": f"{int(t.n_better)} / {int(t.n_worse)}" if answered else "–",
             "Wilcoxon p (Holm)": f"{t.p_value:.3f} ({t.p_holm:.3f})" if np.isfinite(t.p_holm) else
             (f"{t.p_value:.3f} (primary)" if answered and t.get("primary", False) else
@@ -251,13 +252,23 @@ def format_answer(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).T.rename_axis("arm")
 
 
+def signed(x: float, digits: int = 2) -> str:
+    """``x`` with its sign and ``digits`` decimals, except that a value that rounds to zero is written without a
+    sign ("0.00", never "-0.00" or "+0.00"); NaN is "–"."""
+    if not np.isfinite(x):
+        return "–"
+    text = f"{x:+.{digits}f}"
+    return text[1:] if float(text) == 0 else text
+
+
 def direction_agrees(quick_diff: float, stored_diff: float) -> bool:
     """Whether a quick run's mean paired difference has the sign of the stored one (a zero difference agrees with
     nothing but zero)."""
     return bool(np.sign(quick_diff) == np.sign(stored_diff))
 
 
-def seed_by_seed(frame: pd.DataFrame, arm: Arm = ARMS[0]) -> pd.DataFrame:
+def seed_by_seed(frame: pd.DataFrame, arm: Arm = ARMS[0], *, n_resamples: int = 2000,
+                 seed: int = 0) -> pd.DataFrame:
     """``arm`` seed by seed, on each kind of device: how often one pair of runs shows the condition ahead, and what
     the condition costs in speed (chapter 5, sections "The answer" and "Why the asker saw a boost").
 
@@ -273,7 +284,10 @@ def seed_by_seed(frame: pd.DataFrame, arm: Arm = ARMS[0]) -> pd.DataFrame:
         ``n_slower`` and ``median_speed_change`` (seeds where the condition trained fewer real tokens per second,
         and the median relative change, a fraction: -0.038 is 3.8% slower); ``spearman_pad_mass`` (Spearman's
         rank correlation between a seed's accuracy gain and its baseline's attention mass on pads; NaN with
-        fewer than 3 seeds or a constant column).
+        fewer than 3 seeds or a constant column); ``spearman_low``, ``spearman_high`` (its percentile bootstrap
+        95% interval over seeds, ``n_resamples`` resamples with generator seed ``seed``; NaN where rho is);
+        ``sd_diff`` (the standard deviation over seeds of the paired test-accuracy difference, a fraction; NaN
+        with fewer than 2 seeds): what decides how often one pair of runs shows the condition ahead.
 
     Raises:
         ValueError: as :func:`runs_by_kind`.
@@ -299,18 +313,28 @@ def seed_by_seed(frame: pd.DataFrame, arm: Arm = ARMS[0]) -> pd.DataFrame:
         val_gain = col(a, "val_accuracy") - col(b, "val_accuracy")
         speed = col(a, "tokens_per_s") / col(b, "tokens_per_s") - 1
         pads = col(b, "pad_mass")
-        rho = np.nan
+        rho = rho_low = rho_high = np.nan
         if len(seeds) >= 3 and gain.nunique() > 1 and pads.notna().all() and pads.nunique() > 1:
             rho = float(spearmanr(gain, pads).statistic)
+            rng = np.random.default_rng(seed)
+            g, p = gain.to_numpy(), pads.to_numpy()
+            boot = []
+            for _ in range(n_resamples):
+                pick = rng.integers(0, len(g), len(g))
+                if np.unique(g[pick]).size > 1 and np.unique(p[pick]).size > 1:
+                    boot.append(spearmanr(g[pick], p[pick]).statistic)
+            if boot:
+                rho_low, rho_high = (float(q) for q in np.quantile(boot, [0.025, 0.975]))
         rows[kind] = {
             "n_pairs": len(seeds), "n_ahead": int((gain > 0).sum()), "share_ahead": float((gain > 0).mean()),
             "share_ahead_val": float((val_gain > 0).mean()) if val_gain.notna().all() else np.nan,
             "n_slower": int((speed < 0).sum()),
             "median_speed_change": float(speed.median()) if speed.notna().any() else np.nan,
-            "spearman_pad_mass": rho,
+            "spearman_pad_mass": rho, "spearman_low": rho_low, "spearman_high": rho_high,
+            "sd_diff": float(gain.std()) if len(seeds) >= 2 else np.nan,
         }
     columns = ["n_pairs", "n_ahead", "share_ahead", "share_ahead_val", "n_slower", "median_speed_change",
-               "spearman_pad_mass"]
+               "spearman_pad_mass", "spearman_low", "spearman_high", "sd_diff"]
     return pd.DataFrame.from_dict(rows, orient="index", columns=columns)
 
 
@@ -327,3 +351,58 @@ def boost_odds(n_ahead: int, n_pairs: int) -> str:
                 else f"every single pair of runs shows a boost ({n_pairs} of {n_pairs} seeds)")
     only = "only " if n_ahead / n_pairs < 0.8 else ""
     return f"a single pair of runs shows a boost in {only}{n_ahead} of {n_pairs} seeds"
+
+
+def rho_sentence(rows: pd.DataFrame) -> str:
+    """Chapter 5's sentence on whether a seed's gain from the mask goes with its unmasked model's pad mass, chosen
+    from ``rows`` (columns ``spearman_pad_mass``, ``spearman_low``, ``spearman_high``, one row per kind of device,
+    as from :func:`seed_by_seed`). A relation is claimed only where every row's bootstrap interval excludes zero on
+    the same side; a consistent sign with an interval that includes zero is a hint; otherwise none is seen."""
+    rows = rows.dropna(subset=["spearman_pad_mass"])
+    if not len(rows):
+        return "The stored runs cannot relate a seed's gain to its unmasked pad mass."
+    rho = rows.spearman_pad_mass
+    low, high = rows.spearman_low, rows.spearman_high
+    both = "On both kinds of device, seeds" if len(rows) > 1 else "Seeds"
+    for sign, more in ((1, "more"), (-1, "less")):
+        if (sign * rho > 0).all():
+            subject = (f"{both} whose unmasked model gave the pads more attention tended to gain {more} from "
+                       "the mask")
+            excludes = (low > 0) if sign > 0 else (high < 0)
+            if excludes.all():
+                where = " on both" if len(rows) == 2 else " on each" if len(rows) > 1 else ""
+                return f"{subject}; the bootstrap interval of this rank correlation excludes zero{where}."
+            n_incl = len(rows) - int(excludes.sum())
+            where = ("" if len(rows) == 1 else " on both" if n_incl == len(rows) == 2
+                     else f" on {n_incl} of {len(rows)} kinds of device")
+            return (f"{subject}. But the bootstrap interval of this rank correlation includes zero{where}: a "
+                    "hint, not a finding.")
+    return "A seed's gain shows no consistent relation to its unmasked pad mass."
+
+
+def bucketing_verdict(mask_bucketed: str, flip_bucketed: float, flip_random: float) -> str:
+    """The verdict on objection 2 ("bucketing leaves little padding"), for chapter 5's objections table, from the
+    verdict of the mask arm under bucketed batches (``mask_bucketed``, a :func:`verdict` word) and the within-range
+    flip rates of the unmasked model trained with bucketed and with random batches (NaN: not measured)."""
+    if mask_bucketed == "higher":
+        return "no: the mask still raised accuracy"
+    if mask_bucketed == "lower":
+        return "holds: the mask lowered accuracy"
+    if np.isfinite(flip_bucketed) and np.isfinite(flip_random) and flip_bucketed > flip_random:
+        return "partly: less padding, but a model more sensitive to it"
+    if mask_bucketed == "not yet answered":
+        return "not yet answered"
+    return "holds, while the batches stay bucketed"
+
+
+def share_or_none(x: float, digits: int = 1) -> str:
+    """A share of predictions in words for chapter 5's prose: "none" for zero, "all" for one, otherwise a percent
+    with ``digits`` decimals (a nonzero share that would round to zero is written "under 0.1%" and so on)."""
+    if not np.isfinite(x):
+        return "not measured"
+    if x == 0:
+        return "none"
+    if x == 1:
+        return "all"
+    text = f"{x:.{digits}%}"
+    return f"under {10 ** -digits:.{digits}f}%" if float(text[:-1]) == 0 else text
