@@ -313,3 +313,50 @@ def test_mask_shape_errors_give_both_shapes():
     with pytest.raises(ValueError, match=r"premise_mask must have shape \(batch, length\) = \(2, 4\), got \(1, 4\) "
                                          r"\(premise has shape \(2, 4\); masks are not broadcast\)"):
         model(premise, hypothesis, torch.ones(1, 4, dtype=torch.bool))
+
+
+# --- chapter 6's verdict templates at edge values ------------------------------------------------------------------
+
+def test_paired_accuracy_gap_edges():
+    import numpy as np
+
+    from attnbook.experiments.nli import paired_accuracy_gap
+
+    same = np.array([True, False, True, True])
+    out = paired_accuracy_gap(same, same, n_resamples=200)
+    assert out["gap"] == 0 and out["ci_low"] == out["ci_high"] == 0
+    assert out["only_model"] == out["only_baseline"] == 0 and out["p_mcnemar"] == 1.0
+    better = np.array([True] * 30 + [False] * 10)
+    worse = np.array([False] * 20 + [True] * 10 + [False] * 10)
+    out = paired_accuracy_gap(better, worse, n_resamples=500)
+    assert out["gap"] == pytest.approx(50.0) and out["ci_low"] > 0
+    assert (out["only_model"], out["only_baseline"]) == (20, 0) and out["p_mcnemar"] < 0.001
+    with pytest.raises(ValueError):
+        paired_accuracy_gap(same, same[:3])
+    with pytest.raises(ValueError):
+        paired_accuracy_gap(same[:1], same[:1])
+
+
+def test_gap_sentence_edges():
+    from attnbook.experiments.nli import gap_sentence
+
+    up = gap_sentence("the masked model", "the unmasked one", 3.5, 2.1, 4.9)
+    assert up == ("The masked model labels more test pairs correctly than the unmasked one: +3.5 points "
+                  "(95% interval +2.1 to +4.9).")
+    assert "fewer" in gap_sentence("a", "b", -3.0, -4.0, -2.0)
+    for low, high in ((0.0, 2.0), (-1.0, 0.0), (-1.0, 1.0), (0.0, 0.0)):
+        text = gap_sentence("a", "b", (low + high) / 2, low, high)
+        assert text.startswith("On these test pairs, a and b differ by no resolved amount")
+    assert "both 95% bounds round to +2.0" in gap_sentence("a", "b", 2.0, 2.01, 2.04)
+    for bad in ((float("nan"), 0.0, 1.0), (0.0, 1.0, 0.0)):
+        with pytest.raises(ValueError):
+            gap_sentence("a", "b", *bad)
+
+
+def test_flip_direction_cases():
+    from attnbook.experiments.nli import flip_direction
+
+    assert flip_direction(0, 1, 0) == "from wrong to right"
+    assert flip_direction(0, 0, 2) == "from right to wrong"
+    assert flip_direction(0, 1, 2) == "from one wrong label to another"
+    assert flip_direction(0, 1, 1) == "not at all"
