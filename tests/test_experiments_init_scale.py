@@ -372,19 +372,21 @@ def test_verdict_sentences_with_one_seed_negative_and_equal_bounds():
 def test_evidence_sentences_name_no_file_device_or_date():
     page, stored = _verdict(n_seeds=3), _verdict()
     used = ins.evidence_sentences(page, stored, mode="quick", page_epochs=4, stored_epochs=40)
-    assert used["evidence"] == ("The verdict comes from the stored full-mode runs, 10 seeds of 40 epochs per arm. "
-                                "This page's own quick-mode run of 3 seeds agrees.")
+    assert used["evidence"] == ("The verdict comes from the stored runs, 10 seeds of 40 epochs per arm. "
+                                "This page's own smaller run (3 seeds of 4 epochs) agrees.")
+    assert used["source"] == "the stored runs"
     other = ins.evidence_sentences(_verdict(n_seeds=1, mechanism="neither"), stored, mode="quick", page_epochs=4,
                                    stored_epochs=40)
-    assert "run of one seed points to \"neither\" instead; the stored seeds outweigh it." in other["evidence"]
+    assert "run (one seed of 4 epochs) points to \"neither\" instead; the stored seeds outweigh it." in other["evidence"]
     alone = ins.evidence_sentences(page, None, mode="quick", page_epochs=4)
-    assert alone["evidence"].startswith("The verdict comes from this page's own quick-mode run, 3 seeds of 4 epochs")
-    assert "resolves a difference only if" in alone["evidence"] and alone["source"] == "this page's quick-mode run"
+    assert alone["evidence"].startswith("The verdict comes from this page's own smaller run, 3 seeds of 4 epochs")
+    assert "resolves a difference only if" in alone["evidence"] and alone["source"] == "this page's own smaller run"
     full = ins.evidence_sentences(_verdict(n_seeds=1), None, mode="full", page_epochs=40)
-    assert full["evidence"] == "The verdict comes from this page's own full-mode run, one seed of 40 epochs per arm."
+    assert full["evidence"] == "The verdict comes from this page's own run, one seed of 40 epochs per arm."
     for texts in (used, other, alone, full):
         for text in texts.values():
             assert not re.search(r"results/|\.csv|\.json|commit|CPU|GPU|20\d\d-|session|thread|worker", text)
+            assert not re.search(r"quick|full-mode|mode", text)  # no mode jargon on the page
     with pytest.raises(ValueError, match="stored_epochs is needed with stored runs"):
         ins.evidence_sentences(page, stored, mode="quick", page_epochs=4)
 

@@ -413,7 +413,7 @@ def evidence_sentences(page: dict, stored: dict | None, *, mode: str, page_epoch
 
     Args:
         page: :func:`mechanism_verdict` of the page's own run, made in ``mode`` with ``page_epochs`` epochs.
-        stored: :func:`mechanism_verdict` of the stored full-mode runs (made with ``stored_epochs`` epochs), or None
+        stored: :func:`mechanism_verdict` of the stored runs (made with ``stored_epochs`` epochs), or None
             when they are not used (:meth:`StoredRuns.status`).
 
     Returns ``"evidence"`` (one or two sentences), ``"evidence_short"`` (a clause: the mean over which seeds),
@@ -426,6 +426,7 @@ def evidence_sentences(page: dict, stored: dict | None, *, mode: str, page_epoch
     def seeds(n: int) -> str:
         return "one seed" if n == 1 else f"{n} seeds"
 
+    own = "this page's own smaller run" if mode == "quick" else "this page's own run"
     if stored is not None:
         if stored_epochs is None:
             raise ValueError("stored_epochs is needed with stored runs")
@@ -433,22 +434,22 @@ def evidence_sentences(page: dict, stored: dict | None, *, mode: str, page_epoch
         answer = ("agrees" if page["mechanism"] == stored["mechanism"]
                   else f"points to \"{page['mechanism']}\" instead; the stored seeds outweigh it")
         return {
-            "evidence": (f"The verdict comes from the stored full-mode runs, {seeds(n)} of {stored_epochs} epochs "
-                         f"per arm. This page's own {mode}-mode run of {seeds(page['n_seeds'])} {answer}."),
-            "evidence_short": f"mean over the {seeds(n)} of the stored full-mode runs",
-            "quick_limit": "the mechanism verdict comes from the stored full-mode runs instead",
-            "source": "the stored full-mode runs",
+            "evidence": (f"The verdict comes from the stored runs, {seeds(n)} of {stored_epochs} epochs per arm. "
+                         f"{own[0].upper()}{own[1:]} ({seeds(page['n_seeds'])} of {page_epochs} epochs) {answer}."),
+            "evidence_short": f"mean over the {seeds(n)} of the stored runs",
+            "quick_limit": "the mechanism verdict comes from the stored runs instead",
+            "source": "the stored runs",
         }
     n = page["n_seeds"]
-    evidence = f"The verdict comes from this page's own {mode}-mode run, {seeds(n)} of {page_epochs} epochs per arm."
+    evidence = f"The verdict comes from {own}, {seeds(n)} of {page_epochs} epochs per arm."
     if mode == "quick":
-        evidence += (" A quick run shows the mechanisms and the direction of each difference, but it resolves a "
+        evidence += (" A run this small shows the mechanisms and the direction of each difference, but it resolves a "
                      "difference only if it is large against the spread between seeds.")
     return {
         "evidence": evidence,
-        "evidence_short": f"mean over this page's {seeds(n)} ({mode} mode)",
+        "evidence_short": f"mean over the {seeds(n)} of {own}",
         "quick_limit": "the mechanism verdict rests on those seeds alone",
-        "source": f"this page's {mode}-mode run",
+        "source": own,
     }
 
 
