@@ -357,12 +357,15 @@ def test_answer_text_gives_one_effect_and_its_interval_per_resolved_comparison()
                      ("first-token readout", "lower", 20, -0.0177, -0.0282, -0.0095))
     assert ex.answer_text(answer) == (
         "The first-token readout lowered test accuracy by 1.77 points (95% CI 0.95 to 2.82). "   # negated
-        "The mask and left padding changed test accuracy by no amount that 20 paired seeds resolve.")
+        "With 20 paired seeds, no difference in test accuracy was resolved for the mask or left padding.")
     raised = ex.answer_text(_answer(("mask", "higher", 12, 0.01, 0.01, 0.01)))                # equal bounds
     assert raised == "The mask raised test accuracy by 1.00 points (95% CI 1.00 to 1.00)."
     mixed = ex.answer_text(_answer(("mask", "no difference resolved", 10, 0.0, -0.01, 0.01),
                                    ("position fix", "no difference resolved", 12, 0.0, -0.01, 0.01)))
-    assert mixed.endswith("by no amount that 10 or more paired seeds resolve.")
+    assert mixed.endswith("With 10 or more paired seeds, no difference in test accuracy was resolved for the mask "
+                          "or position fix.")
+    one = ex.answer_text(_answer(("mask", "no difference resolved", 1, 0.0, 0.0, 0.0)))          # one seed, one name
+    assert one == "With 1 paired seed, no difference in test accuracy was resolved for the mask."
 
 
 def test_answer_text_for_unanswered_and_corrected_comparisons():

@@ -247,7 +247,8 @@ def answer_text(answer: pd.DataFrame, min_pairs: int = MIN_PAIRS) -> str:
     if len(same):
         n_low, n_high = int(same["n_pairs"].min()), int(same["n_pairs"].max())
         seeds = plural(n_low, "paired seed") if n_low == n_high else f"{n_low} or more paired seeds"
-        sentences.append(f"The {listing(same['name'])} changed test accuracy by no amount that {seeds} resolve.")
+        sentences.append(f"With {seeds}, no difference in test accuracy was resolved for the "
+                         f"{listing(same['name'], 'or')}.")
     corrected = answer[answer["verdict"] == CORRECTED]
     if len(corrected):
         sentences.append(f"For the {listing(corrected['name'])}, the interval excludes zero, but Holm's correction "
