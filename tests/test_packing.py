@@ -341,3 +341,78 @@ def test_packed_attention_rejects_a_zero_width_head_dim():
     doc_ids = torch.tensor([[0, 0, 1, 1]])
     with pytest.raises(ValueError, match=r"q has a zero-width head_dim in shape \(1, 2, 4, 0\)"):
         document_attention(q, torch.randn(1, 2, 4, 0), torch.randn(1, 2, 4, 3), doc_ids)
+
+
+# ---------------------------------------------------------------- the flattened batch (cu_seqlens)
+from attnbook.packing import (cu_seqlens_from_lengths, cu_seqlens_from_position_ids,  # noqa: E402
+                              flat_document_mask, position_ids_from_cu_seqlens)
+
+
+def test_cu_seqlens_by_hand():
+    cu = cu_seqlens_from_lengths([3, 2, 4])
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 5, 9]
+    assert position_ids_from_cu_seqlens(cu).tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    assert cu_seqlens_from_lengths([]).tolist() == [0]
+    assert position_ids_from_cu_seqlens(torch.tensor([0])).tolist() == []
+
+
+def _flat_reference(q, k, v, lengths, causal):
+    """Each document alone, with torch's own SDPA (is_causal), concatenated: loops, no mask of ours."""
+    outs, start = [], 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        outs.append(F.scaled_dot_product_attention(q[:, sl], k[:, sl], v[:, sl], is_causal=causal))
+        start += n
+    return torch.cat(outs, 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 7), min_size=1, max_size=6), st.booleans())
+def test_flat_mask_equals_per_document_attention(lengths, causal):
+    cu = cu_seqlens_from_lengths(lengths)
+    total = int(cu[-1])
+    g = torch.Generator().manual_seed(len(lengths))
+    q, k, v = (torch.randn(2, total, 4, generator=g, dtype=torch.float64) for _ in range(3))   # (heads, T, d)
+    mask = flat_document_mask(cu, causal=causal)
+    flat = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(flat, _flat_reference(q, k, v, lengths, causal), atol=1e-12, rtol=1e-12)
+    # the loop reference of the mask itself
+    doc = [d for d, n in enumerate(lengths) for _ in range(n)]
+    for i in range(total):
+        for j in range(total):
+            assert bool(mask[i, j]) == (doc[i] == doc[j] and (j <= i or not causal))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=8))
+def test_position_ids_round_trip_and_match_document_positions(lengths):
+    cu = cu_seqlens_from_lengths(lengths)
+    pos = position_ids_from_cu_seqlens(cu)
+    assert pos.tolist() == [i for n in lengths for i in range(n)]
+    assert cu_seqlens_from_position_ids(pos[None]).tolist() == cu.tolist()
+    ids = document_ids([lengths], sum(lengths))
+    assert document_positions(ids)[0].tolist() == pos.tolist()
+    assert document_offsets(ids)[0].tolist() == cu.tolist()
+
+
+def test_flat_errors():
+    with pytest.raises(ValueError, match="start at 0"):
+        position_ids_from_cu_seqlens(torch.tensor([1, 3]))
+    with pytest.raises(ValueError, match="never decrease"):
+        flat_document_mask(torch.tensor([0, 3, 2]))
+    with pytest.raises(TypeError, match="integer dtype"):
+        flat_document_mask(torch.tensor([0.0, 3.0]))
+    with pytest.raises(ValueError, match=r"shape \(N \+ 1,\)"):
+        flat_document_mask(torch.tensor([[0, 3]]))
+    with pytest.raises(ValueError, match="restart at 0"):
+        cu_seqlens_from_position_ids(torch.tensor([0, 1, 3]))
+    with pytest.raises(ValueError, match="restart at 0"):
+        cu_seqlens_from_position_ids(torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        cu_seqlens_from_position_ids(torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"\(T,\) or \(1, T\)"):
+        cu_seqlens_from_position_ids(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=">= 0"):
+        cu_seqlens_from_lengths([2, -1])
+    with pytest.raises(TypeError, match="integers"):
+        cu_seqlens_from_lengths([2.5])

@@ -399,3 +399,92 @@ def test_quick_and_full_configs():
     assert exp.SinksConfig.for_mode("quick") == exp.SinksConfig.quick()
     full = exp.SinksConfig.for_mode("full")
     assert full.n_train > exp.SinksConfig.quick().n_train and len(full.seeds) >= 10
+
+
+# ---------------------------------------------------------------- sliding windows and streaming caches
+from attnbook.sinks import sliding_window_mask, streaming_cache_keep  # noqa: E402
+
+
+def _window_loops(n_q, window, n_k):
+    off = n_k - n_q
+    rows = [[i + off - window < j <= i + off for j in range(n_k)] for i in range(n_q)]
+    return torch.tensor(rows, dtype=torch.bool).reshape(n_q, n_k)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 7), st.integers(0, 4), st.integers(1, 9))
+def test_sliding_window_mask_against_loops(n_q, extra, window):
+    n_k = n_q + extra
+    mask = sliding_window_mask(n_q, window, n_k)
+    assert mask.dtype == torch.bool
+    assert torch.equal(mask, _window_loops(n_q, window, n_k))
+
+
+def test_sliding_window_large_window_is_causal_and_combines_with_padding():
+    from attnbook.attention import causal_mask
+    assert torch.equal(sliding_window_mask(6, 6), causal_mask(6))
+    assert torch.equal(sliding_window_mask(6, 100), causal_mask(6))
+    pad = torch.tensor([[False, False, True, True, True, True], [True] * 6])   # left padding in row 0
+    mask = sliding_window_mask(6, 3, key_padding_mask=pad)
+    assert mask.shape == (2, 6, 6)
+    assert torch.equal(mask, _window_loops(6, 3, 6)[None] & pad[:, None, :])
+
+
+def test_sliding_window_with_sdpa_equals_loops_over_keys():
+    q, k, v = _qkv(batch=(2, 2), n_q=7, n_k=7)
+    pad = torch.tensor([[False, True, True, True, True, True, True], [True] * 7])
+    mask = sliding_window_mask(7, 3, key_padding_mask=pad)                        # (B, L, L)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+    for b in range(2):
+        for i in range(7):
+            keys = [j for j in range(7) if i - 3 < j <= i and bool(pad[b, j])]
+            if not keys:
+                assert out[b, :, i].abs().max() == 0
+                continue
+            ref = F.scaled_dot_product_attention(q[b, :, i:i + 1], k[b, :, keys], v[b, :, keys])
+            torch.testing.assert_close(out[b, :, i:i + 1], ref, **TOL[torch.float64])
+
+
+def test_sliding_window_errors():
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        sliding_window_mask(4, 0)
+    with pytest.raises(TypeError, match="window must be an int"):
+        sliding_window_mask(4, 2.5)
+    with pytest.raises(ValueError, match="n_keys >= n_queries"):
+        sliding_window_mask(4, 2, 3)
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool"):
+        sliding_window_mask(4, 2, key_padding_mask=torch.ones(1, 4))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be \(batch, n_keys=4\)"):
+        sliding_window_mask(4, 2, key_padding_mask=torch.ones(1, 5, dtype=torch.bool))
+
+
+def test_streaming_cache_keep_by_hand_left_and_right_padding():
+    left = torch.tensor([[False, False, True, True, True, True, True, True]])
+    right = torch.tensor([[True, True, True, True, True, True, False, False]])
+    assert streaming_cache_keep(left, 2, 3).int().tolist() == [[0, 0, 1, 1, 0, 1, 1, 1]]
+    assert streaming_cache_keep(right, 2, 3).int().tolist() == [[1, 1, 0, 1, 1, 1, 0, 0]]
+    short = torch.tensor([[False, True, True, True]])
+    assert torch.equal(streaming_cache_keep(short, 2, 3), short)       # fewer real tokens than sinks + window
+    assert not streaming_cache_keep(torch.zeros(1, 4, dtype=torch.bool), 2, 3).any()
+    assert streaming_cache_keep(left, 0, 0).sum() == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 6), st.integers(0, 9), st.integers(0, 4), st.integers(0, 5))
+def test_streaming_cache_keep_ignores_left_padding(n_pad, n_real, n_sink, window):
+    real_only = torch.ones(1, n_real, dtype=torch.bool)
+    padded = torch.cat([torch.zeros(1, n_pad, dtype=torch.bool), real_only], 1)
+    keep = streaming_cache_keep(padded, n_sink, window)
+    assert not keep[:, :n_pad].any()
+    assert torch.equal(keep[:, n_pad:], streaming_cache_keep(real_only, n_sink, window))
+    expected = [r < n_sink or r >= n_real - window for r in range(n_real)]
+    assert keep[0, n_pad:].tolist() == expected
+
+
+def test_streaming_cache_keep_errors():
+    with pytest.raises(TypeError, match="padding_mask must be a bool"):
+        streaming_cache_keep(torch.ones(1, 3), 1, 1)
+    with pytest.raises(ValueError, match=r"\(batch, length\)"):
+        streaming_cache_keep(torch.ones(3, dtype=torch.bool), 1, 1)
+    with pytest.raises(ValueError, match="n_sink must be >= 0"):
+        streaming_cache_keep(torch.ones(1, 3, dtype=torch.bool), -1, 1)

@@ -24,6 +24,12 @@ and bf16 only: in fp64 inductor raises ``LoweringException: NotImplementedError`
 nested-tensor varlen path; ``varlen_attn`` raises ``NotImplementedError`` on a CPU (``aten::_flash_attention_forward``
 has no CPU kernel), so :func:`varlen_attention` with ``backend="varlen"`` raises :class:`BackendUnavailable` there.
 
+The flattened batch (chapter 9, section "The flattened batch"): all documents in one row of ``T`` tokens, described
+by ``cu_seqlens`` alone (:func:`cu_seqlens_from_lengths`), with position ids restarting per document
+(:func:`position_ids_from_cu_seqlens`, what Hugging Face's ``DataCollatorWithFlattening`` returns;
+:func:`cu_seqlens_from_position_ids` goes back) and, for kernels that need a mask, the block-diagonal causal mask
+:func:`flat_document_mask`.
+
 Every output is ``(B, H, L, D)`` with zeros at the pads' positions (a query that may attend to nothing gets a zero
 output, attnbook's convention for fully masked rows).
 """
@@ -31,6 +37,7 @@ output, attnbook's convention for fully masked rows).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +47,9 @@ from .attention import scaled_dot_product_attention
 from .batching import check_document_ids, document_mask, document_offsets
 
 __all__ = ["BACKENDS", "BackendUnavailable", "backend_status", "document_attention", "flex_document_attention",
-           "varlen_attention"]
+           "varlen_attention",
+           "cu_seqlens_from_lengths", "position_ids_from_cu_seqlens", "cu_seqlens_from_position_ids",
+           "flat_document_mask"]
 
 #: The backends of :func:`varlen_attention` (``"auto"`` chooses between them).
 BACKENDS = ("varlen", "nested")
@@ -259,3 +268,132 @@ def backend_status(device: torch.device | str = "cpu", dtype: torch.dtype = torc
         except Exception as err:  # noqa: BLE001 - a report of what fails, whatever it is
             status[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
     return status
+
+
+# ----------------------------------------------------------------------------------------------- the flattened batch
+def _check_cu_seqlens(cu_seqlens: object) -> Tensor:
+    """``cu_seqlens`` as an int64 tensor ``(N + 1,)``: starts at 0, never decreases; else raise."""
+    if not isinstance(cu_seqlens, Tensor):
+        cu_seqlens = torch.as_tensor(cu_seqlens) if isinstance(cu_seqlens, (list, tuple)) else cu_seqlens
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(f"cu_seqlens must be an integer tensor (N + 1,), got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
+        raise TypeError(f"cu_seqlens must have an integer dtype, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or len(cu_seqlens) == 0:
+        raise ValueError(f"cu_seqlens must have shape (N + 1,) with N >= 0, got {tuple(cu_seqlens.shape)}")
+    cu = cu_seqlens.long()
+    if int(cu[0]) != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {cu[:10].tolist()}")
+    if bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must never decrease (they are cumulative lengths), got {cu[:10].tolist()}")
+    return cu
+
+
+def cu_seqlens_from_lengths(lengths: Sequence[int] | Tensor) -> Tensor:
+    """The cumulative offsets ``cu_seqlens`` of documents laid end to end in one flat row.
+
+    Args:
+        lengths: the ``N`` documents' lengths, ints ``>= 0``.
+
+    Returns:
+        int32 ``(N + 1,)``: ``[0, l_0, l_0 + l_1, ..., T]``, document ``d`` occupying ``[cu[d], cu[d + 1])``; the
+        ``cu_seqlens_q`` / ``cu_seqlens_k`` of FlashAttention's ``flash_attn_varlen_func`` (int32 is what it takes).
+
+    Raises:
+        TypeError: not integers. ValueError: a negative length.
+
+    Dao (2023), FlashAttention-2, variable-length interface. Chapter 9, section "The flattened batch".
+    """
+    lengths = torch.as_tensor(lengths if isinstance(lengths, Tensor) else list(lengths), dtype=None)
+    if lengths.numel() == 0:
+        lengths = lengths.long()
+    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be integers, got dtype {lengths.dtype}")
+    if bool((lengths < 0).any()):
+        raise ValueError(f"lengths must be >= 0, got {lengths[:10].tolist()}")
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    return cu
+
+
+def position_ids_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
+    """Position ids that restart at 0 at every document of a flattened batch.
+
+    Args:
+        cu_seqlens: integer ``(N + 1,)`` cumulative offsets (:func:`cu_seqlens_from_lengths`).
+
+    Returns:
+        int64 ``(T,)``, ``T = cu_seqlens[-1]``: ``0, 1, ..., l_0 - 1, 0, 1, ..., l_1 - 1, ...``, the
+        ``position_ids`` that Hugging Face's ``DataCollatorWithFlattening`` returns (shape ``(1, T)`` there).
+
+    Raises:
+        TypeError: not an integer tensor. ValueError: not 1-D, empty, not starting at 0, or decreasing.
+
+    Krell et al. (2021), section 4. Chapter 9, section "The flattened batch".
+    """
+    cu = _check_cu_seqlens(cu_seqlens)
+    total = int(cu[-1])
+    lengths = cu[1:] - cu[:-1]
+    starts = torch.repeat_interleave(cu[:-1], lengths)                    # each token's document start
+    return torch.arange(total, dtype=torch.long, device=cu.device) - starts
+
+
+def cu_seqlens_from_position_ids(position_ids: Tensor) -> Tensor:
+    """Recover ``cu_seqlens`` from restarting position ids: a new document begins wherever the position is 0.
+
+    This is how Hugging Face's flash-attention path finds the documents of a ``DataCollatorWithFlattening``
+    batch, which carries no mask at all.
+
+    Args:
+        position_ids: integer ``(T,)`` or ``(1, T)``, each document ``0, 1, ..., l - 1``.
+
+    Returns:
+        int32 ``(N + 1,)``. ``position_ids_from_cu_seqlens`` of it gives ``position_ids`` back.
+
+    Raises:
+        TypeError: not an integer tensor. ValueError: more than one row, or positions that do not start at 0 or
+            do not count up by one within a document (the message gives the first values).
+
+    Chapter 9, section "The flattened batch".
+    """
+    if (not isinstance(position_ids, Tensor) or position_ids.dtype.is_floating_point
+            or position_ids.dtype == torch.bool):
+        raise TypeError("position_ids must be an integer tensor (T,) or (1, T)")
+    pos = position_ids.reshape(-1) if position_ids.dim() == 2 and position_ids.shape[0] == 1 else position_ids
+    if pos.dim() != 1:
+        raise ValueError(f"position_ids must have shape (T,) or (1, T), got {tuple(position_ids.shape)}")
+    pos = pos.long()
+    ok = (pos[1:] == 0) | (pos[1:] == pos[:-1] + 1)
+    if len(pos) and (int(pos[0]) != 0 or not bool(ok.all())):
+        raise ValueError(f"position_ids must restart at 0 and count up by one, got {pos[:20].tolist()}")
+    starts = (pos == 0).nonzero().squeeze(1)
+    cu = torch.zeros(len(starts) + 1, dtype=torch.int32, device=pos.device)
+    cu[:-1] = starts
+    cu[-1] = len(pos)
+    return cu
+
+
+def flat_document_mask(cu_seqlens: Tensor, *, causal: bool = True) -> Tensor:
+    """The block-diagonal (document) mask of a flattened batch, causal within each document by default.
+
+    Args:
+        cu_seqlens: integer ``(N + 1,)`` cumulative offsets.
+        causal: True = token ``i`` sees token ``j`` of its own document only if ``j <= i`` (a decoder);
+            False = the whole document (an encoder).
+
+    Returns:
+        bool ``(T, T)``, True = takes part (``F.scaled_dot_product_attention``'s ``attn_mask``): the dense form of
+        what a varlen kernel does without any mask. Every row has at least its own token when ``causal``.
+
+    Raises:
+        as :func:`position_ids_from_cu_seqlens`.
+
+    Krell et al. (2021), section 4. Chapter 9, section "The flattened batch".
+    """
+    cu = _check_cu_seqlens(cu_seqlens)
+    lengths = cu[1:] - cu[:-1]
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths)   # (T,)
+    mask = doc[:, None] == doc[None, :]
+    if causal:
+        mask &= torch.ones_like(mask).tril()
+    return mask

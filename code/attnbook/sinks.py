@@ -28,6 +28,12 @@ sink: zero weights on the keys, sink weight 1, zero output (and finite gradients
 
 The experiment of the section (a small retrieval task with and without a sink) is
 :mod:`attnbook.experiments.sinks`.
+
+Windows and caches (chapter 9, section "Sliding windows, and sinks in a cache"): :func:`sliding_window_mask` is the
+causal sliding-window mask (bool, True = takes part), combined with a key padding mask by ``&``;
+:func:`streaming_cache_keep` says which cache entries to keep when a cache is trimmed to sinks plus a window
+(StreamingLLM, Xiao et al.), counting the sinks from the first *real* token of each row, so that left padding does
+not push them out.
 """
 
 from __future__ import annotations
@@ -41,11 +47,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import (MultiHeadAttention, _check_dropout, _check_mask, _check_qkv, _check_scale, _compute_dtype,
-                        scaled_dot_product_attention)
-from .masking import check_bool_mask
+                        causal_mask, scaled_dot_product_attention)
+from .masking import check_bool_mask, check_int
 
 __all__ = ["sink_softmax", "softmax_one", "sink_attention", "SinkMultiHeadAttention", "online_softmax_rule",
-           "fully_masked_row"]
+           "fully_masked_row", "sliding_window_mask", "streaming_cache_keep"]
 
 
 # ----------------------------------------------------------------------------------------------- weighting
@@ -415,3 +421,78 @@ def fully_masked_row(seed: int = 0, embed_dim: int = 8, num_heads: int = 2, n_ke
             add("attnbook MultiHeadAttention", out[:, 0], None if weights is None else weights[:, :, 0],
                 mode=mode, need_weights=need_weights, grad=True)
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------- windows and caches
+def sliding_window_mask(n_queries: int, window: int, n_keys: int | None = None, *,
+                        key_padding_mask: Tensor | None = None, device: torch.device | str | None = None) -> Tensor:
+    """Causal sliding-window mask: each query sees itself and the ``window - 1`` keys before it.
+
+    Args:
+        n_queries: number of queries; they are the *last* ``n_queries`` of the ``n_keys`` positions (as in
+            :func:`attnbook.attention.causal_mask`), so a decoding step with a cache works too.
+        window: keys per query, ``>= 1`` (Mistral's ``sliding_window``): key ``j`` takes part for query ``i`` iff
+            ``i' - window < j <= i'`` with ``i' = i + n_keys - n_queries``. ``window >= n_keys`` gives the causal
+            mask.
+        n_keys: number of keys; ``None`` = ``n_queries``.
+        key_padding_mask: optional bool ``(B, n_keys)``, True = a real token. The window counts positions in the
+            row; with left or right padding the real tokens are contiguous, so it also counts real tokens.
+        device: of the result.
+
+    Returns:
+        bool ``(n_queries, n_keys)``, or ``(B, n_queries, n_keys)`` with ``key_padding_mask`` (window, causal and
+        padding combined by ``&``); True = takes part, as ``F.scaled_dot_product_attention``'s ``attn_mask``.
+        Queries at pads may be left with no key; attnbook's attention and SDPA give them zeros.
+
+    Raises:
+        TypeError: a size is not an int, ``key_padding_mask`` not bool. ValueError: ``window < 1``, a size < 0,
+            ``n_keys < n_queries``, or ``key_padding_mask`` not ``(B, n_keys)``.
+
+    Beltagy et al. (2020), Longformer's local window; Jiang et al. (2023), Mistral 7B. Chapter 9, section
+    "Sliding windows, and sinks in a cache".
+    """
+    n_queries = check_int(n_queries, "n_queries", 0)
+    window = check_int(window, "window", 1)
+    n_keys = n_queries if n_keys is None else check_int(n_keys, "n_keys", 0)
+    causal = causal_mask(n_queries, n_keys, device=device)
+    mask = causal & ~torch.ones_like(causal).tril(n_keys - n_queries - window)
+    if key_padding_mask is None:
+        return mask
+    check_bool_mask(key_padding_mask, "key_padding_mask")
+    if key_padding_mask.dim() != 2 or key_padding_mask.shape[1] != n_keys:
+        raise ValueError(f"key_padding_mask must be (batch, n_keys={n_keys}), got {tuple(key_padding_mask.shape)}")
+    return mask[None] & key_padding_mask.to(mask.device)[:, None, :]
+
+
+def streaming_cache_keep(padding_mask: Tensor, n_sink: int, window: int) -> Tensor:
+    """Which entries of a key/value cache to keep when it is trimmed to sinks plus a window (StreamingLLM).
+
+    Xiao et al. found that trained language models put a large share of their attention on the first few tokens,
+    whatever those tokens are; a cache trimmed to the most recent ``window`` tokens drops them, and perplexity
+    explodes. Keeping the first ``n_sink`` tokens as well repairs it. With left padding the first *positions* of
+    a row are pads: the sinks are the first ``n_sink`` *real* tokens of each row, found from the mask.
+
+    Args:
+        padding_mask: bool ``(B, L)``, True = a real token in the cache (any padding side).
+        n_sink: real tokens kept from the start of each row (Xiao et al. use 4), ``>= 0``.
+        window: most recent real tokens kept per row, ``>= 0``.
+
+    Returns:
+        bool ``(B, L)``, True = keep: real tokens whose rank among the row's real tokens is below ``n_sink`` or
+        among the last ``window``. Pads are never kept. A row with at most ``n_sink + window`` real tokens keeps
+        all of them.
+
+    Raises:
+        TypeError: ``padding_mask`` not bool, sizes not ints. ValueError: ``padding_mask`` not 2-D, a size < 0.
+
+    Xiao et al. (2024), "Efficient streaming language models with attention sinks", section 3. Chapter 9,
+    section "Sliding windows, and sinks in a cache".
+    """
+    check_bool_mask(padding_mask, "padding_mask")
+    if padding_mask.dim() != 2:
+        raise ValueError(f"padding_mask must be (batch, length), got {tuple(padding_mask.shape)}")
+    n_sink = check_int(n_sink, "n_sink", 0)
+    window = check_int(window, "window", 0)
+    rank = padding_mask.long().cumsum(1) - 1                        # rank of each real token in its row
+    n_real = padding_mask.sum(1, keepdim=True)
+    return padding_mask & ((rank < n_sink) | (rank >= n_real - window))
