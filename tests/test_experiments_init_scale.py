@@ -337,7 +337,7 @@ def test_effect_text_at_its_edges():
     assert ins.effect_text(-0.05, -0.08, -0.02) == "-0.050 (95% CI -0.080 to -0.020)"
     assert ins.effect_text(0.3, float("nan"), float("nan")) == "+0.300 (one seed: no interval)"
     assert ins.effect_text(0.2, 0.2, 0.2) == "+0.200 on every seed"
-    assert ins.effect_text(-0.0001, -0.0004, 0.0002) == "0.000 (95% CI 0.000 to 0.000)"
+    assert ins.effect_text(-0.0001, -0.0004, 0.0002) == "0.000 (both 95% bounds round to 0.000)"
     assert ins.effect_text(0.0, -0.01, 0.01) == "0.000 (95% CI -0.010 to +0.010)"
 
 
@@ -367,6 +367,8 @@ def test_verdict_sentences_with_one_seed_negative_and_equal_bounds():
                                            acc_scaled_large=0.127))
     assert "a paired difference of 0.000 on every seed" in equal["verdict"]
     assert ins.verdict_sentences(_verdict(n_seeds=3, mechanism="neither"))["verdict_short"].startswith("3 seeds do")
+    same = ins.verdict_sentences(_verdict(mechanism="neither", acc_adam_large=0.1274, acc_scaled_large=0.1271))
+    assert "left the mean test accuracy at standard deviation 200 at 0.127:" in same["verdict"]  # not "from 0.127 to 0.127"
 
 
 def test_evidence_sentences_name_no_file_device_or_date():

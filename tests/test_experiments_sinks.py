@@ -239,7 +239,7 @@ def test_comparison_sentence_gives_one_effect_and_its_interval():
     assert ex.comparison_sentence(lower) == (                                   # negated: a positive amount
         "Against softmax_one, the learned sink lowered no-match accuracy by 0.100 (95% CI 0.050 to 0.150).")
     equal = _row("higher", diff=0.02, low=0.02, high=0.02)                      # equal bounds
-    assert ex.comparison_sentence(equal).endswith("by 0.020 (95% CI 0.020 to 0.020).")
+    assert ex.comparison_sentence(equal).endswith("by 0.020 (both 95% bounds round to 0.020).")
     zero = _row("no difference resolved", diff=0.0, low=0.0, high=0.0)         # zero
     assert ex.comparison_sentence(zero) == (
         "Against the masked softmax, softmax_one changed no-match accuracy by no amount that 10 paired seeds resolve.")

@@ -363,11 +363,14 @@ def effect_text(mean: float, low: float, high: float) -> str:
     """One paired effect and its 95% interval, as prose gives it: ``"+0.226 (95% CI +0.195 to +0.258)"``.
 
     An interval of NaN (one seed, :func:`paired_interval`) reads ``"(one seed: no interval)"``; equal bounds (every
-    seed gave the same difference) read ``"on every seed"``."""
+    seed gave the same difference) read ``"on every seed"``; bounds that print the same read ``"(both 95% bounds
+    round to +0.226)"``."""
     if not (np.isfinite(low) and np.isfinite(high)):
         return f"{_signed(mean)} (one seed: no interval)"
     if low == high:
         return f"{_signed(mean)} on every seed"
+    if _signed(low) == _signed(high):  # "95% CI 0.000 to 0.000" would read as a slip
+        return f"{_signed(mean)} (both 95% bounds round to {_signed(low)})"
     return f"{_signed(mean)} (95% CI {_signed(low)} to {_signed(high)})"
 
 
@@ -379,8 +382,10 @@ def verdict_sentences(v: dict) -> dict[str, str]:
     ``"verdict_short"``: one clause for the chapter's summary. The words are chosen by ``v["mechanism"]``; with one
     seed there is no interval, and the sentences say so."""
     n = v["n_seeds"]
-    step = (f"Scaling Adam's learning rate to the weights changed the test accuracy at standard deviation 200 "
-            f"from {v['acc_adam_large']:.3f} to {v['acc_scaled_large']:.3f}: a paired difference of "
+    before, after = f"{v['acc_adam_large']:.3f}", f"{v['acc_scaled_large']:.3f}"
+    moved = (f"changed the test accuracy at standard deviation 200 from {before} to {after}" if before != after
+             else f"left the mean test accuracy at standard deviation 200 at {before}")
+    step = (f"Scaling Adam's learning rate to the weights {moved}: a paired difference of "
             f"{effect_text(v['step_mean'], v['step_low'], v['step_high'])}.")
     gap = (f"The run at 0.1 reached {v['acc_adam_reference']:.3f}, a paired difference from the scaled run of "
            f"{effect_text(v['saturation_mean'], v['saturation_low'], v['saturation_high'])}.")

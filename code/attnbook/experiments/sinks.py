@@ -492,7 +492,9 @@ def comparison_sentence(row: pd.Series, measure: str = "no-match accuracy", min_
         if verdict == "lower":
             diff, low, high = -diff, -high, -low
         word = "raised" if verdict == "higher" else "lowered"
-        return f"{head} {word} {measure} by {diff:.3f} (95% CI {low:.3f} to {high:.3f})."
+        interval = (f"both 95% bounds round to {low:.3f}" if f"{low:.3f}" == f"{high:.3f}"
+                    else f"95% CI {low:.3f} to {high:.3f}")
+        return f"{head} {word} {measure} by {diff:.3f} ({interval})."
     seeds = f"{int(row['n_pairs'])} paired seed" + ("" if int(row["n_pairs"]) == 1 else "s")
     if verdict == "no difference resolved":
         return f"{head} changed {measure} by no amount that {seeds} resolve."
