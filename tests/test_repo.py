@@ -349,3 +349,11 @@ def test_execute_book_runs_every_book_notebook_into_an_emptied_cache():
     assert listed == {p for p in stored if p.removesuffix(".ipynb") in toc}
     assert "chapters/05_seq2vec_masking.ipynb" in listed
     assert "shutil.rmtree(CACHE" in (ROOT / "tools" / "execute_book.py").read_text()
+
+
+def test_no_sphinx_design_dropdown_directive():
+    """Collapsed text uses ``{admonition}`` with ``:class: dropdown``: the single-page builder that prints the PDF
+    edition (``make pdf``) cannot write sphinx-design's ``{dropdown}`` node and fails the build."""
+    pages = sorted(ROOT.glob("chapters/*.ipynb")) + sorted(ROOT.glob("*.ipynb")) + sorted(ROOT.glob("*.md"))
+    offenders = [p.name for p in pages if re.search(r"[`:]{3,}\{dropdown\}", p.read_text())]
+    assert not offenders, f"{{dropdown}} directive in {offenders}"
