@@ -137,6 +137,18 @@ def _heads(attn: MultiHeadAttention, x: Tensor, proj: nn.Linear, positions: Tens
     return h
 
 
+def _checked_padding_mask(ids: Tensor, padding_mask: Tensor | None) -> Tensor:
+    """``ids`` checked, and its bool ``padding_mask`` (True = a real token; all True when None) checked to match."""
+    _check_ids("ids", ids)
+    if padding_mask is None:
+        padding_mask = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    check_bool_mask(padding_mask, "padding_mask")
+    if padding_mask.shape != ids.shape:
+        raise ValueError(f"padding_mask must have the shape of ids {tuple(ids.shape)}, got "
+                         f"{tuple(padding_mask.shape)}")
+    return padding_mask
+
+
 def _attend(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """Heads ``(batch, nhead, n, head_dim)`` and a mask broadcastable to ``(batch, nhead, n_q, n_k)`` -> the
     attention output ``(batch, n_q, d_model)``, as ``MultiHeadAttention.forward`` computes it (weights kept in
@@ -361,13 +373,7 @@ class DecoderOnlyLM(nn.Module):
 
     def _inputs(self, ids: Tensor, padding_mask: Tensor | None, positions: Tensor | None
                 ) -> tuple[Tensor, Tensor]:
-        _check_ids("ids", ids)
-        if padding_mask is None:
-            padding_mask = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
-        check_bool_mask(padding_mask, "padding_mask")
-        if padding_mask.shape != ids.shape:
-            raise ValueError(f"padding_mask must have the shape of ids {tuple(ids.shape)}, got "
-                             f"{tuple(padding_mask.shape)}")
+        padding_mask = _checked_padding_mask(ids, padding_mask)
         if positions is None:
             positions = torch.arange(ids.shape[1], device=ids.device)
         positions = torch.as_tensor(positions, device=ids.device)
@@ -453,13 +459,7 @@ def generate(model: DecoderOnlyLM, ids: Tensor, padding_mask: Tensor | None = No
     if positions not in POSITION_RULES:
         raise ValueError(f"positions must be one of {list(POSITION_RULES)}, got {positions!r}")
     check_int(max_new_tokens, "max_new_tokens", minimum=1)
-    _check_ids("ids", ids)
-    if padding_mask is None:
-        padding_mask = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
-    check_bool_mask(padding_mask, "padding_mask")
-    if padding_mask.shape != ids.shape:
-        raise ValueError(f"padding_mask must have the shape of ids {tuple(ids.shape)}, got "
-                         f"{tuple(padding_mask.shape)}")
+    padding_mask = _checked_padding_mask(ids, padding_mask)
     batch = ids.shape[0]
 
     def numbered(mask: Tensor) -> Tensor:
