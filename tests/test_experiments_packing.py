@@ -190,7 +190,7 @@ def test_compare_conditions_chooses_the_verdict_from_the_paired_interval():
     assert packed.tokens_per_s_condition.tolist() == [pytest.approx(2000, abs=5)] * 2
     speed = ex.compare_conditions(_runs(0.0), value="tokens_per_s", n_resamples=199)
     assert speed.verdict.tolist() == ["higher", "higher", "no difference resolved"]
-    few = ex.compare_conditions(_runs(0.03, n_seeds=3), n_resamples=199)
+    few = ex.compare_conditions(_runs(0.03, n_seeds=3), min_pairs=4, n_resamples=199)
     assert set(few.verdict) == {"not yet answered"}
     with pytest.raises(ValueError, match=r"frame lacks the columns \['test_accuracy'\]"):
         ex.compare_conditions(_runs(0.0).drop(columns="test_accuracy"))

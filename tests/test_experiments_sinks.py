@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attnbook.evidence import MIN_PAIRS
+
 from attnbook.experiments import sinks as ex
 from attnbook.experiments.sinks import CONDITIONS, SinksConfig, run_grid
 
@@ -221,7 +223,7 @@ def test_compare_conditions_chooses_the_verdict_from_the_paired_interval():
     assert (table.n_pairs == 12).all() and table.loc["softmax_one", "sink_weight_condition"] == 0.5
     assert ex.compare_conditions(_runs(-0.05), n_resamples=199).set_index("name").loc[
         "learned sink", "verdict"] == "lower"
-    few = ex.compare_conditions(_runs(0.05, n_seeds=3), n_resamples=199)
+    few = ex.compare_conditions(_runs(0.05, n_seeds=3), min_pairs=4, n_resamples=199)
     assert set(few.verdict) == {"not yet answered"} and (few.n_pairs == 3).all()
     with pytest.raises(ValueError, match=r"frame lacks the columns \['accuracy_no_match'\]"):
         ex.compare_conditions(_runs(0.0).drop(columns="accuracy_no_match"))
@@ -245,7 +247,7 @@ def test_comparison_sentence_gives_one_effect_and_its_interval():
         "Against the masked softmax, softmax_one changed no-match accuracy by no amount that 10 paired seeds resolve.")
     one = _row("not yet answered", n_pairs=1, diff=np.nan, low=np.nan, high=np.nan)   # one seed
     assert ex.comparison_sentence(one) == (
-        "Against the masked softmax, softmax_one: 1 paired seed, too few for a verdict (it needs 10).")
+        f"Against the masked softmax, softmax_one: 1 paired seed, too few for a verdict (it needs {MIN_PAIRS}).")
     holm = ex.comparison_sentence(_row("not resolved after Holm's correction", n_pairs=4), "accuracy")
     assert holm.startswith("Against the masked softmax, softmax_one moved accuracy by an amount whose interval")
 

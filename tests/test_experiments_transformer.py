@@ -15,6 +15,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+
+from attnbook.evidence import MIN_PAIRS
 import torch
 
 from test_store import check_resumed, cut_last_line, kill_after_rows
@@ -324,7 +326,7 @@ def test_compare_conditions_chooses_the_verdict_from_the_paired_interval():
 
 def test_compare_conditions_waits_for_enough_seeds_and_pairs_runs_on_one_kind_of_device():
     few = _runs({"none/post/index/mean": -0.02}, n_seeds=4)
-    table = ex.compare_conditions(few, n_resamples=199)
+    table = ex.compare_conditions(few, min_pairs=5, n_resamples=199)
     assert (table["verdict"] == "not yet answered").all() and table["p_holm"].isna().all()
     answered = ex.compare_conditions(few, min_pairs=4, n_resamples=199).set_index("name").loc["mask"]
     # answered, and the interval excludes zero, but four seeds cannot pass Holm's correction over the family (the
@@ -370,7 +372,7 @@ def test_answer_text_gives_one_effect_and_its_interval_per_resolved_comparison()
 
 def test_answer_text_for_unanswered_and_corrected_comparisons():
     one_seed = _answer(("mask", "not yet answered", 1, np.nan, np.nan, np.nan))
-    assert ex.answer_text(one_seed) == "The mask has fewer than 10 paired seeds, too few for a verdict."
+    assert ex.answer_text(one_seed) == f"The mask has fewer than {MIN_PAIRS} paired seeds, too few for a verdict."
     two = _answer(("mask", "not yet answered", 4, 0.01, 0.0, 0.02), ("readout", "not yet answered", 4, 0.0, 0, 0))
     assert ex.answer_text(two, min_pairs=5) == ("The mask and readout have fewer than 5 paired seeds, too few for "
                                                 "a verdict.")

@@ -62,7 +62,7 @@ def test_a_loss_is_lower_and_no_effect_is_unresolved():
 def test_too_few_pairs_give_no_verdict_whatever_the_interval():
     row = answer_table(central(MIN_PAIRS - 1, 0.05), n_resamples=999).iloc[0]
     assert row.ci_low > 0 and row.verdict == "not yet answered" and np.isnan(row.p_holm)
-    assert answer_table(central(MIN_PAIRS - 1, 0.05), min_pairs=5, n_resamples=999).verdict.iloc[0] == "higher"
+    assert answer_table(central(MIN_PAIRS - 1, 0.05), min_pairs=MIN_PAIRS - 1, n_resamples=999).verdict.iloc[0] == "higher"
 
 
 def test_only_seeds_in_both_conditions_are_paired():
@@ -128,12 +128,13 @@ def test_bad_frames_are_refused():
 
 def test_verdict_words_and_direction():
     assert verdict(20, 0.001, 0.01) == "higher" and verdict(20, -0.01, -0.001) == "lower"
-    assert verdict(20, -0.01, 0.01) == "no difference resolved" and verdict(3, 0.1, 0.2) == "not yet answered"
+    assert verdict(20, -0.01, 0.01) == "no difference resolved"
+    assert verdict(MIN_PAIRS - 1, 0.1, 0.2) == "not yet answered" and verdict(MIN_PAIRS, 0.1, 0.2) == "higher"
     assert verdict(20, float("nan"), 0.1) == "not yet answered"
     assert verdict(20, 0.001, 0.01, p_holm=0.2) == CORRECTED == verdict(20, -0.01, -0.001, p_holm=0.05)
     assert verdict(20, 0.001, 0.01, p_holm=0.049) == "higher"
     assert verdict(20, -0.01, 0.01, p_holm=0.001) == "no difference resolved"   # the interval must exclude zero
-    assert verdict(3, 0.001, 0.01, p_holm=0.001) == "not yet answered"
+    assert verdict(MIN_PAIRS - 1, 0.001, 0.01, p_holm=0.001) == "not yet answered"
     assert direction_agrees(0.01, 0.003) and not direction_agrees(-0.01, 0.003) and not direction_agrees(0.0, 0.1)
 
 

@@ -135,7 +135,7 @@ def test_ledger_summarizes_a_store_from_its_record(tmp_path):
     assert row["runs"] == 4 and row["seeds"] == 2 and row["sessions"] == 2
     assert row["wall_h"] == pytest.approx(1.0)
     assert row["first"] == "2026-11-21" and row["last"] == "2026-11-23"
-    assert row["commits"] == "abcdef1, 1234567+dirty"
+    assert row["commits"] == "abcdef1, 1234567 with uncommitted changes"
     assert row["devices"] == "CPU (1 thread, x86_64); NVIDIA H100"
     assert row["backends"] == "local (joblib), dask"
     assert row["sizes"] == "epochs=2, seeds=2 values"
@@ -153,7 +153,7 @@ def test_ledger_lists_pending_stores_and_only_those(tmp_path):
 
 
 def test_short_commit():
-    assert ledger.short_commit("38afaf49ce6b5bbba3f1591bc4ebe8ce309e7db1+dirty") == "38afaf4+dirty"
+    assert ledger.short_commit("38afaf49ce6b5bbba3f1591bc4ebe8ce309e7db1+dirty") == "38afaf4 with uncommitted changes"
     assert ledger.short_commit(None) == "?"
 
 
@@ -190,3 +190,15 @@ def test_print_leaves_out_a_hidden_source_and_prints_hidden_outputs_in_full():
         site._depart_hidden_code_cell_print(translator, node)
         assert "".join(translator.body) == '<div class="print-collapsed">\n</div>\n'
         assert "Show code" not in "".join(translator.body)
+
+
+def test_ledger_tells_the_truth_about_the_audit_and_finished_sessions():
+    audit = ledger.summarize(next(s for s in ledger.STORES if s.name == "audit"))
+    assert audit["mode"] == "–" and audit["backends"] == "one process"
+    assert "transformers " in audit["versions"] and "keras " in audit["versions"]
+    assert "x-transformers " in audit["versions"] and "+dirty" not in audit["commits"]
+    for store in ledger.STORES:
+        if ledger.read_record(store.name) is not None:
+            statuses = set(ledger.sessions_table(store).get("status", []))
+            assert "running" not in statuses, store.name
+

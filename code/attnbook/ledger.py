@@ -20,8 +20,8 @@ from typing import Any
 
 import pandas as pd
 
-__all__ = ["Store", "STORES", "CHAPTERS", "results_dir", "read_record", "summarize", "chapter_table", "pending",
-           "sessions_table", "short_commit"]
+__all__ = ["Store", "STORES", "STATUS_WORDS", "CHAPTERS", "results_dir", "read_record", "summarize", "chapter_table",
+           "pending", "sessions_table", "short_commit"]
 
 #: The chapters' titles as in the table of contents, by number.
 CHAPTERS = {
@@ -47,6 +47,9 @@ class Store:
         command: the command, run from the repository root, that makes or resumes it.
         needs: what making it needs beyond this project's 2-core CPU (``""`` = nothing more); a store with ``needs``
             and without its file is *pending*.
+        has_mode: whether the command has a quick and a full mode (the audit has one size: its mode shows as "–").
+        engine: what ran the sessions that record no backend ("local (joblib)": worker processes on one machine;
+            "one process": a single process).
     """
 
     name: str
@@ -54,13 +57,21 @@ class Store:
     backs: str
     command: str
     needs: str = ""
+    has_mode: bool = True
+    engine: str = "local (joblib)"
+
+
+#: What a record's ``status`` of a session says, in a reader's words. A session that still reads "running" in a
+#: finished record was stopped before it could write its end.
+STATUS_WORDS = {"running": "stopped before recording its end", "killed": "killed", "interrupted": "interrupted",
+                "finished": "finished"}
 
 
 STORES: tuple[Store, ...] = (
     Store("init_scale_full", 3, "the initialization-scale experiment (10 paired seeds per arm)",
           "python -m attnbook.experiments.init_scale --mode full --workers 2 --out results/init_scale_full.csv"),
     Store("bench_attention", 3, "the speed of the attention functions against torch's SDPA",
-          "python benchmarks/bench_attention.py"),
+          "python benchmarks/bench_attention.py", engine="one process"),
     Store("seq2seq_quick", 4, "the quick-mode translators, three seeds of every model",
           "python -m attnbook.experiments.seq2seq --mode quick --seeds 3 --workers 2 --out results/seq2seq_quick.csv"),
     Store("seq2seq_cpu", 4, "the translators on all sentence pairs, at sizes a CPU trains",
@@ -83,7 +94,7 @@ STORES: tuple[Store, ...] = (
           "python -m attnbook.experiments.transformer_padding --mode full --workers 2 "
           "--out results/transformer_padding_full.csv"),
     Store("bench_transformer_padding", 8, "the time of one run of the padding grid, before it was run",
-          "python benchmarks/bench_transformer_padding.py"),
+          "python benchmarks/bench_transformer_padding.py", engine="one process"),
     Store("transformer_translation_quick", 8, "the quick-mode Transformer translator, three seeds",
           "python -m attnbook.experiments.transformer_translation --mode quick --models transformer --seeds 3 "
           "--workers 2 --out results/transformer_translation_quick.csv"),
@@ -96,13 +107,13 @@ STORES: tuple[Store, ...] = (
     Store("sinks_full", 9, "attention sinks: where a query puts its weight when no key matches (a retrieval task)",
           "python -m attnbook.experiments.sinks --mode full --workers 2 --out results/sinks_full.csv"),
     Store("bench_long_attention", 9, "time and memory of attention over long sequences",
-          "python benchmarks/bench_long_attention.py"),
+          "python benchmarks/bench_long_attention.py", engine="one process"),
     Store("bench_packing", 9, "packing against padding and bucketing: time per training step",
-          "python benchmarks/bench_packing.py"),
+          "python benchmarks/bench_packing.py", engine="one process"),
     Store("packing_full", 9, "packing's training runs at full size",
           "python -m attnbook.experiments.packing --mode full --out results/packing_full.csv", needs="a GPU"),
     Store("audit", 10, "the padding audit of every subject, three seeds and two sets of lengths",
-          "python -m attnbook.audit --out results/audit.csv"),
+          "python -m attnbook.audit --out results/audit.csv", has_mode=False, engine="one process"),
 )
 
 
@@ -123,11 +134,25 @@ def read_record(name: str, folder: str | Path | None = None) -> dict[str, Any] |
 
 
 def short_commit(commit: str | None) -> str:
-    """A commit as its first 7 hex digits, keeping a ``+dirty`` mark; ``"?"`` when unknown."""
+    """A commit as its first 7 hex digits; a ``+dirty`` mark (the working tree had changes not yet committed) reads
+    ``"abc1234 with uncommitted changes"``; ``"?"`` when unknown."""
     if not commit:
         return "?"
     base, plus, rest = str(commit).partition("+")
-    return base[:7] + (plus + rest if plus else "")
+    if not plus:
+        return base[:7]
+    return base[:7] + (" with uncommitted changes" if rest == "dirty" else f"+{rest}")
+
+
+def _versions(record: Mapping[str, Any]) -> str:
+    """The library versions a record names: torch, numpy and python, then every other library of its
+    ``libraries`` field (e.g. transformers, keras, x-transformers for the audit)."""
+    parts = [f"torch {record.get('torch', '?')}", f"numpy {record.get('numpy', '?')}",
+             f"python {record.get('python', '?')}"]
+    for name, version in sorted((record.get("libraries") or {}).items()):
+        if name not in ("torch", "numpy", "python", "attnbook") and version and version != "recipe":
+            parts.append(f"{name} {version}")
+    return ", ".join(parts)
 
 
 def _sessions(record: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -179,14 +204,14 @@ def summarize(store: Store, folder: str | Path | None = None) -> dict[str, Any] 
                    s.get("started_utc") or s.get("date_utc"))
     commits = list(dict.fromkeys(short_commit(s.get("commit")) for s in sessions))
     devices = list(dict.fromkeys(_device(s.get("device")) for s in sessions))
-    backends = list(dict.fromkeys(str(s.get("backend") or "local (joblib)") for s in sessions))
+    backends = list(dict.fromkeys(str(s.get("backend") or store.engine) for s in sessions))
     wall = sum(float(s.get("wall_time_s") or 0.0) for s in sessions)
-    versions = f"torch {record.get('torch', '?')}, numpy {record.get('numpy', '?')}, python {record.get('python', '?')}"
+    versions = _versions(record)
     return {
         "store": store.name, "chapter": store.chapter, "backs": store.backs,
         "runs": int(record["n_runs"]) if record.get("n_runs") is not None else (None if runs is None else len(runs)),
         "seeds": int(runs["seed"].nunique()) if runs is not None and "seed" in runs.columns else None,
-        "mode": record.get("mode", "?"), "devices": "; ".join(devices), "versions": versions,
+        "mode": record.get("mode", "?") if store.has_mode else "–", "devices": "; ".join(devices), "versions": versions,
         "commits": ", ".join(commits), "first": dates[0] if dates else "?", "last": dates[-1] if dates else "?",
         "wall_h": wall / 3600, "sessions": len(sessions), "backends": ", ".join(backends),
         "sizes": _sizes(record.get("config")), "command": store.command,
@@ -221,9 +246,10 @@ def sessions_table(store: Store, folder: str | Path | None = None) -> pd.DataFra
             "started": str(s.get("started_utc") or "")[:16].replace("T", " "),
             "finished": str(s.get("date_utc") or "")[:16].replace("T", " "),
             "device": _device(s.get("device")), "workers": s.get("workers"),
-            "backend": s.get("backend") or "local (joblib)", "runs added": s.get("runs_added"),
+            "backend": s.get("backend") or store.engine, "runs added": s.get("runs_added"),
             "wall time (min)": round(float(s.get("wall_time_s") or 0.0) / 60, 1),
-            "status": s.get("status") or ("merged" if s.get("merged_from") else ""),
+            "status": (STATUS_WORDS.get(s.get("status"), s.get("status"))
+                       or ("merged" if s.get("merged_from") else "")),
             "commit": short_commit(s.get("commit")),
         })
     return pd.DataFrame(rows)

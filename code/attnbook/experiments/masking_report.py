@@ -4,6 +4,8 @@ Chapter 5, "Seq2vec attention and the padding-mask experiments" (``chapters/05_s
 answer". The runs come from :mod:`attnbook.experiments.masking` (its CSV, one row per run); this module only reads
 them. Every verdict word is chosen here from the data, never typed in the chapter:
 
+The verdict rule is the book's one rule, :func:`attnbook.evidence.verdict`:
+
 - an arm with fewer than ``min_pairs`` paired seeds is *not yet answered*, whatever its interval says;
 - otherwise the bootstrap 95% confidence interval of the mean paired difference decides: it excludes zero (a
   difference, with its sign) or includes it (no difference resolved at this number of seeds);
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..evidence import ALPHA, CORRECTED, MIN_PAIRS, verdict
 from ..stats import compare_paired, holm
 from ..store import device_kind   # re-exported: the kind of device a stored run ran on
 from .masking import condition_id
@@ -35,16 +38,8 @@ __all__ = ["Arm", "ARMS", "MIN_PAIRS", "CORRECTED", "ALPHA", "answer_table", "fo
            "direction_agrees", "device_kind", "runs_by_kind", "paired_table", "seed_by_seed", "boost_odds",
            "signed", "rho_sentence", "bucketing_verdict", "share_or_none"]
 
-#: Paired seeds an arm needs before the chapter draws a verdict from it (issue "Chapter 5 gives its answer at full
-#: scale": at least 10, and 20 is the goal).
-MIN_PAIRS = 10
-
-#: The level below which a secondary arm's Holm-corrected p-value must stay for its difference to count.
-ALPHA = 0.05
-
-#: The verdict of a secondary arm whose interval excludes zero but whose Holm-corrected p-value does not stay below
-#: :data:`ALPHA`.
-CORRECTED = "not resolved after Holm's correction"
+#: The book's one verdict rule lives in :mod:`attnbook.evidence` (``MIN_PAIRS`` paired runs, the 95% interval, Holm's
+#: correction for secondary arms); the names stay importable from here.
 
 
 @dataclass(frozen=True)
@@ -103,21 +98,6 @@ def _paired(frame: pd.DataFrame, arm) -> pd.DataFrame:
         if runs.seed.nunique() > best.seed.nunique():
             best = runs
     return best
-
-
-def verdict(n_pairs: int, ci_low: float, ci_high: float, min_pairs: int = MIN_PAIRS, p_holm: float = np.nan,
-            alpha: float = ALPHA) -> str:
-    """The verdict words for one arm: ``"not yet answered"``, ``"higher"``, ``"lower"``, ``"no difference
-    resolved"`` or :data:`CORRECTED`, chosen from the number of paired seeds, the confidence interval and, for a
-    secondary arm, its Holm-corrected p-value ``p_holm`` (NaN for a primary arm, which its interval alone decides;
-    see the module docstring)."""
-    if n_pairs < min_pairs or not (np.isfinite(ci_low) and np.isfinite(ci_high)):
-        return "not yet answered"
-    if ci_low > 0 or ci_high < 0:
-        if np.isfinite(p_holm) and p_holm >= alpha:
-            return CORRECTED
-        return "higher" if ci_low > 0 else "lower"
-    return "no difference resolved"
 
 
 def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: str = "test_accuracy",

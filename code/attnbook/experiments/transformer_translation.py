@@ -562,7 +562,8 @@ def comparison_runs(cfg: TranslationConfig, stored: StoredRuns | None, chapter4:
 VERDICTS = ("higher", "lower", "within seed noise", "not yet answered")
 
 
-def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: int = 3, n_resamples: int = 9999,
+def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: int | None = None,
+                   n_resamples: int = 9999,
                    seed: int = 0) -> pd.Series:
     """The Transformer against Bahdanau's model over the seeds that ran both (paired by seed), as chapter 5 compares
     conditions (:func:`attnbook.experiments.masking_report.paired_table`: bootstrap 95% CI of the mean paired
@@ -571,7 +572,8 @@ def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: in
     Args:
         runs: one row per run with ``model``, ``seed`` and ``value`` (as :func:`comparison_runs` returns).
         value: the compared column (BLEU in points).
-        min_pairs: paired seeds needed for a verdict.
+        min_pairs: paired seeds needed for a verdict (default: the book's one rule,
+            :data:`attnbook.evidence.MIN_PAIRS`).
         n_resamples, seed: of the bootstrap.
 
     Returns:
@@ -588,6 +590,9 @@ def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: in
 
     from .masking_report import paired_table, runs_by_kind
 
+    from ..evidence import MIN_PAIRS
+
+    min_pairs = MIN_PAIRS if min_pairs is None else min_pairs
     frame = runs_by_kind(runs, ("model",), lambda row: row["model"], value)
     # one planned comparison, not a family: its interval alone decides (masking_report's primary arm)
     pair = SimpleNamespace(condition="transformer", baseline="bahdanau", primary=True)
