@@ -97,8 +97,9 @@ def test_chapter_with_stored_runs_links_to_its_part_of_the_appendix(nb):
 
 
 def test_appendix_shows_the_build_and_names_every_store():
-    """The appendix page glues the build's mode and device, has the execution table, and its ledger names every
-    provenance record in results/ (so that no store goes unexplained)."""
+    """The appendix page glues the build's mode and device and has the execution table; the ledger names every
+    provenance record in results/ (so that no store goes unexplained), and each chapter with a store has an evidence
+    page that shows its provenance (issue 43: each fact lives in one place)."""
     from attnbook import ledger
 
     cells = _cells(ROOT / "how_numbers_were_made.ipynb")
@@ -108,8 +109,16 @@ def test_appendix_shows_the_build_and_names_every_store():
     assert "{nb-exec-table}" in markdown
     records = {p.stem for p in (ROOT / "results").glob("*.json")}
     assert records <= {s.name for s in ledger.STORES}, sorted(records - {s.name for s in ledger.STORES})
-    for chapter in sorted({s.chapter for s in ledger.STORES}):
-        assert f"(sec-how-numbers-ch{chapter})=" in markdown
+    toc = (ROOT / "_toc.yml").read_text()
+    for chapter in sorted({s.chapter for s in ledger.STORES if ledger.read_record(s.name) is not None}):
+        page = ROOT / "evidence" / f"ch{chapter:02d}.ipynb"
+        assert page.exists() and f"evidence/ch{chapter:02d}" in toc, page
+        evidence_cells = _cells(page)
+        evidence_md = "\n".join(_source(c) for c in evidence_cells if c["cell_type"] == "markdown")
+        evidence_code = "\n".join(_source(c) for c in evidence_cells if c["cell_type"] == "code")
+        assert f"(sec-evidence-ch{chapter})=" in evidence_md
+        assert f"provenance_table({chapter})" in evidence_code and f"sessions_table({chapter})" in evidence_code
+        assert f"(sec-how-numbers-ch{chapter})=" not in markdown   # not twice
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
@@ -345,7 +354,8 @@ def test_execute_book_runs_every_book_notebook_into_an_emptied_cache():
     spec.loader.exec_module(tool)
     listed = {p.relative_to(ROOT).as_posix() for p in tool.book_notebooks()}
     toc = (ROOT / "_toc.yml").read_text()
-    stored = {p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("*.ipynb"), *(ROOT / "chapters").glob("*.ipynb")]}
+    stored = {p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("*.ipynb"), *(ROOT / "chapters").glob("*.ipynb"),
+                                                         *(ROOT / "evidence").glob("*.ipynb")]}
     assert listed == {p for p in stored if p.removesuffix(".ipynb") in toc}
     assert "chapters/05_seq2vec_masking.ipynb" in listed
     assert "shutil.rmtree(CACHE" in (ROOT / "tools" / "execute_book.py").read_text()

@@ -8,7 +8,12 @@ the built site in headless Chromium at 1280 x 900, as a reader sees it:
 - every box whose title is a question answers it in at most 120 words of prose;
 - each group of three chapters (1-3, 4-6, 7-9) has at most 6% of its prose sentences over 40 words and at most 3.5
   numbers per 100 words of prose (issues 34-36; tables, code, outputs, math, headings and collapsed dropdowns do not
-  count, nor do the numbers of links such as "Fig. 4.8" or a citation's year).
+  count, nor do the numbers of links such as "Fig. 4.8" or a citation's year); chapter 10 is a group of its own;
+- one voice per page (issue 43): a chapter's prose names no statistical test, says nothing of "stored" numbers,
+  "live runs", "quick mode" or "full mode", and says "seed" at most 5 times; a chapter with full-scale runs links to
+  its evidence page exactly once;
+- no page of the site shows unrendered markup (``$...$``, ``\\(``, ``{cite}``, ``{ref}``, ``{glue}``, ``{numref}``,
+  ``:::``, LaTeX commands).
 
 Run with ``make site-test`` after ``make book``.
 """
@@ -25,6 +30,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 import page_rules  # noqa: E402
 
 CHAPTER_PAGES = sorted(p.relative_to(HTML).as_posix() for p in (HTML / "chapters").glob("*.html"))
+ALL_PAGES = sorted(p.relative_to(HTML).as_posix() for p in HTML.rglob("*.html")
+                   if not {"_static", "_sources", "_images", "genindex.html", "search.html"} & set(p.parts))
+#: The chapters with full-scale runs, each with an evidence page ``evidence/chNN.html``.
+EVIDENCE_CHAPTERS = ("03", "04", "05", "07", "08", "09", "10")
 
 #: Measures one page; returns what the tests below need.
 MEASURE_JS = """
@@ -68,8 +77,10 @@ MEASURE_JS = """
   });
   const statsProse = article.innerText;
   const links = Array.from(article.querySelectorAll('a')).filter(visible).map(a => a.innerText);
+  const evidenceLinks = Array.from(article.querySelectorAll('a[href]'))
+    .map(a => a.getAttribute('href')).filter(h => /(^|\/)evidence\/ch\d\d\.html/.test(h));
   hidden.forEach(([e, display]) => e.style.display = display);
-  return {wide, codeLines, boxes, prose, statsProse, links};
+  return {wide, codeLines, boxes, prose, statsProse, links, evidenceLinks};
 }
 """
 
@@ -124,10 +135,55 @@ def page_stats(measurement: dict) -> dict:
     return stats
 
 
+@pytest.mark.parametrize("name", CHAPTER_PAGES)
+def test_one_voice_per_page(measured, name):
+    found = page_rules.one_voice(measured[name]["statsProse"])
+    assert not found, "belongs on the chapter's evidence page: " + "; ".join(
+        f"{rule}: ...{context}..." for rule, context in found[:8])
+
+
+@pytest.mark.parametrize("number", EVIDENCE_CHAPTERS)
+def test_chapter_links_its_evidence_once(measured, number):
+    name = next(n for n in CHAPTER_PAGES if n.split("/")[-1].startswith(number))
+    links = [h for h in measured[name]["evidenceLinks"] if f"evidence/ch{number}.html" in h]
+    assert len(links) == 1, f"{name} links to its evidence page {len(links)} times (once is the rule)"
+
+
+#: The text a reader sees on any page, without code, math (rendered or not, MathJax hides its source) or the
+#: references: unrendered markup shows up here.
+VISIBLE_TEXT_JS = """
+() => {
+  const article = document.querySelector('article.bd-article') || document.body;
+  const copy = article.cloneNode(true);
+  copy.querySelectorAll('pre, code, .cell_input, div[class*="highlight-"], .math, mjx-container, script, style, '
+                        + '.headerlink').forEach(e => e.remove());
+  return copy.textContent;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def visible_text(browser, site_url):
+    texts = {}
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    for name in ALL_PAGES:
+        page.goto(f"{site_url}/{name}", wait_until="load")
+        texts[name] = page.evaluate(VISIBLE_TEXT_JS)
+    page.close()
+    return texts
+
+
+@pytest.mark.parametrize("name", ALL_PAGES)
+def test_no_raw_markup_on_any_page(visible_text, name):
+    found = page_rules.raw_markup(visible_text[name])
+    assert not found, "markup that did not render: " + "; ".join(f"{rule}: ...{context}..." for rule, context in
+                                                                 found[:8])
+
+
 @pytest.mark.parametrize("group", sorted(page_rules.CHAPTER_GROUPS))
 def test_prose_reads_once(measured, group):
     names = [n for n in CHAPTER_PAGES if n.split("/")[-1][:2] in page_rules.CHAPTER_GROUPS[group]]
-    assert len(names) == 3, names
+    assert len(names) == len(page_rules.CHAPTER_GROUPS[group]), names
     stats = page_rules.combine_stats([page_stats(measured[n]) for n in names])
     report = page_rules.format_stats(group, stats)
     print(report)
@@ -145,3 +201,10 @@ def test_the_measurements_can_fail():
     assert stats["sentences"] == 4 and len(stats["long"]) == 1
     assert page_rules.numbers(text) == ["+0.30", "95%", "0.1", "0.5", "7.2%"]  # not 5.4, 1.6 or 5
     assert page_rules.numbers("fp16, d_k = 64, H100 and 1,024 tokens") == ["64", "1,024"]
+    voice = page_rules.one_voice("The Wilcoxon test, Holm's correction and the stored runs of the live run; "
+                                 + "seed " * 6)
+    assert {rule for rule, _ in voice} == {"test name", "stored", "live run", "seed"}
+    assert not page_rules.one_voice("The 95% interval of five seeds: restored, seeded? no.")
+    raw = page_rules.raw_markup("Var(w) = 2 / (d_\\text{in}) {cite:t}`he2015delving` and $x$ and \\(y\\)\n:::")
+    assert {rule for rule, _ in raw} == {"LaTeX command", "role", "inline math", "\\( math", "directive fence"}
+    assert not page_rules.raw_markup("It costs $5 and $10; the shell prompt $ stays; a set {1, 2}.")

@@ -15,7 +15,12 @@ The rules (issue "The pages teach, the appendix keeps the books"):
   in the appendix page "How the numbers were made";
 - at most :data:`MAX_CODE_LINES_BEFORE_FIRST_SECTION` visible code lines before a chapter's first section;
 - a box whose title is a question answers it in at most :data:`MAX_QUESTION_BOX_WORDS` words of prose (tables and
-  notes follow the box).
+  notes follow the box);
+- one voice per page (issue "One voice per page"): no statistical test name (:data:`STATISTICS`) and no word about
+  the numbers' source (:data:`SOURCES`: "stored", "live run", "quick mode", "full mode") in a chapter's prose, and
+  "seed" at most :data:`MAX_SEED_MENTIONS` times; these live on the chapter's evidence page;
+- no unrendered markup on any page (:data:`RAW_MARKUP`: ``$...$``, ``\\(``, ``{cite}``, ``{ref}``, ``{glue}``,
+  ``{numref}``, ``:::``).
 """
 
 from __future__ import annotations
@@ -46,6 +51,33 @@ BOOKKEEPING: dict[str, re.Pattern] = {
     "run information": re.compile(r"\bRun information\b", re.I),
 }
 
+#: One voice per page (issue "One voice per page"): a chapter's prose names no statistical test or correction (they
+#: live on the chapter's evidence page; "the 95% interval" is the only statistic a chapter sentence names) ...
+STATISTICS: dict[str, re.Pattern] = {
+    "test name": re.compile(r"\b(?:Wilcoxon|Holm|McNemar|rank[- ]biserial|bootstrap(?:ped|ping)?|p[- ]values?)\b", re.I),
+}
+#: ... and does not speak of where its numbers came from (a chapter shows full-scale runs and its own small run,
+#: never the two side by side) ...
+SOURCES: dict[str, re.Pattern] = {
+    "stored": re.compile(r"\bstored\b", re.I),
+    "live run": re.compile(r"\blive runs?\b", re.I),
+    "quick mode": re.compile(r"\bquick[- ]mode\b", re.I),
+    "full mode": re.compile(r"\bfull[- ]mode\b", re.I),
+}
+#: ... and says "seed" at most this many times.
+MAX_SEED_MENTIONS = 5
+_SEED = re.compile(r"\bseeds?\b", re.I)
+
+#: Markup that did not render: a reader sees it as raw text on the page (checked on every page).
+RAW_MARKUP: dict[str, re.Pattern] = {
+    "inline math": re.compile(r"(?<![\w$\\])\$(?=[^\s$])[^$\n]{1,200}?(?<=[^\s$\\])\$(?![\w$])"),
+    "\\( math": re.compile(r"\\\(|\\\)"),
+    "role": re.compile(r"\{(?:cite(?::[tp])?|ref|glue(?::\w+)?|numref|doc|eq|term)\}`?"),
+    "directive fence": re.compile(r"^\s*:::", re.M),
+    "LaTeX command": re.compile(r"\\(?:text|frac|sqrt|mathrm|mathbf|mathcal|operatorname|cdot|sum|top|left|right)"
+                                r"(?![a-z])"),
+}
+
 MAX_CODE_LINES_BEFORE_FIRST_SECTION = 25
 MAX_QUESTION_BOX_WORDS = 120
 #: A sentence a reader reads once has at most about this many words ...
@@ -56,7 +88,7 @@ MAX_LONG_SENTENCE_SHARE = 0.06
 MAX_NUMBERS_PER_100_WORDS = 3.5
 #: The chapter groups whose prose the two limits above apply to (file name prefixes).
 CHAPTER_GROUPS = {"chapters 1-3": ("01", "02", "03"), "chapters 4-6": ("04", "05", "06"),
-                  "chapters 7-9": ("07", "08", "09")}
+                  "chapters 7-9": ("07", "08", "09"), "chapter 10": ("10",)}
 #: Tags that keep a code cell's source off the page (a ``hide-input`` cell shows a one-line summary instead).
 HIDDEN_SOURCE_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
 
@@ -65,6 +97,32 @@ def bookkeeping(text: str) -> list[tuple[str, str]]:
     """``(rule, matched text with some context)`` for every bookkeeping phrase in ``text``."""
     found = []
     for name, pattern in BOOKKEEPING.items():
+        for match in pattern.finditer(text):
+            start, end = max(0, match.start() - 40), min(len(text), match.end() + 40)
+            found.append((name, " ".join(text[start:end].split())))
+    return found
+
+
+def one_voice(text: str) -> list[tuple[str, str]]:
+    """``(rule, matched text with some context)`` for every statistical test name, every word about the numbers'
+    source (:data:`STATISTICS`, :data:`SOURCES`) in a chapter's prose, and one entry when "seed" occurs more than
+    :data:`MAX_SEED_MENTIONS` times."""
+    found = []
+    for name, pattern in {**STATISTICS, **SOURCES}.items():
+        for match in pattern.finditer(text):
+            start, end = max(0, match.start() - 40), min(len(text), match.end() + 40)
+            found.append((name, " ".join(text[start:end].split())))
+    seeds = _SEED.findall(text)
+    if len(seeds) > MAX_SEED_MENTIONS:
+        found.append(("seed", f"{len(seeds)} mentions of seed(s) (at most {MAX_SEED_MENTIONS})"))
+    return found
+
+
+def raw_markup(text: str) -> list[tuple[str, str]]:
+    """``(rule, matched text with some context)`` for every piece of unrendered markup (:data:`RAW_MARKUP`) in the
+    text a reader sees (code left out)."""
+    found = []
+    for name, pattern in RAW_MARKUP.items():
         for match in pattern.finditer(text):
             start, end = max(0, match.start() - 40), min(len(text), match.end() + 40)
             found.append((name, " ".join(text[start:end].split())))
@@ -287,6 +345,9 @@ def check_notebook(notebook: dict, name: str = "") -> list[str]:
                                     f"(at most {MAX_QUESTION_BOX_WORDS})")
             for rule, context in bookkeeping(_strip_markup(text)):
                 problems.append(f"{name} cell {i}: {rule}: ...{context}...")
+            for rule, context in one_voice(_without_dropdowns(_strip_markup(text))):
+                if rule != "seed":
+                    problems.append(f"{name} cell {i}: {rule}: ...{context}...")
         elif cell["cell_type"] == "code":
             if not first_section_seen and not tags & HIDDEN_SOURCE_TAGS:
                 code_lines += len([line for line in _source(cell).splitlines() if line.strip()])
@@ -299,6 +360,9 @@ def check_notebook(notebook: dict, name: str = "") -> list[str]:
                 text = "".join(text) if isinstance(text, list) else text
                 for rule, context in bookkeeping(text):
                     problems.append(f"{name} cell {i} (output): {rule}: ...{context}...")
+    seeds = len(_SEED.findall(notebook_prose(notebook)))
+    if seeds > MAX_SEED_MENTIONS:
+        problems.append(f"{name}: {seeds} mentions of seed(s) in the prose (at most {MAX_SEED_MENTIONS})")
     if code_lines > MAX_CODE_LINES_BEFORE_FIRST_SECTION:
         problems.append(f"{name}: {code_lines} visible code lines before the first section "
                         f"(at most {MAX_CODE_LINES_BEFORE_FIRST_SECTION})")
