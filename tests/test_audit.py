@@ -25,7 +25,14 @@ V, D = 50, 8
 
 
 def verdicts(report: AuditReport) -> dict[str, bool]:
-    return dict(zip(report.checks["check"], report.checks["passed"]))
+    """``{check: passed in every mode}``."""
+    return {str(c): bool(g.all()) for c, g in report.checks.groupby("check", sort=False)["passed"]}
+
+
+def row(report: AuditReport, check: str, mode: str = "grad") -> pd.Series:
+    """The row of one check in one mode."""
+    table = report.checks
+    return table[(table["check"] == check) & (table["mode"] == mode)].iloc[0]
 
 
 class Pooling(nn.Module):
@@ -94,8 +101,8 @@ def test_unmasked_attention_pooling_fails_the_padding_checks():
     assert verdicts(report) == {"batch_equivalence": False, "extra_padding": False, "pad_content": False,
                                 "empty_row": True}
     assert not report.passed and report.failed == ["batch_equivalence", "extra_padding", "pad_content"]
-    row = report.checks.set_index("check").loc["batch_equivalence"]
-    assert row.max_abs_diff > 1e-3 and "rows 0, 1, 3" in row.detail  # row 2 is full: it has no pads to dilute
+    found = row(report, "batch_equivalence")
+    assert found.max_abs_diff > 1e-3 and "rows 0, 1, 3" in found.detail  # row 2 is full: it has no pads to dilute
 
 
 def test_left_padding_with_index_positions_fails_and_right_padding_passes():
@@ -109,7 +116,7 @@ def test_left_padding_with_index_positions_fails_and_right_padding_passes():
 def test_neg_inf_fill_gives_nan_on_the_empty_row_only():
     report = audit(Pooling("-inf"), vocab_size=V)
     assert report.failed == ["empty_row"]
-    detail = report.checks.set_index("check").loc["empty_row", "detail"]
+    detail = row(report, "empty_row").detail
     assert "NaN or infinite" in detail and f"{D} NaN or infinite of {D} outputs" in detail
     assert "the other rows are unchanged" in detail
 
@@ -128,7 +135,7 @@ def test_the_book_unsafe_pooling_is_flagged_and_its_safe_ones_pass():
 def test_minus_1e9_fill_passes_in_fp32_and_fails_in_fp16(fill):
     report = audit(Pooling(fill), vocab_size=V, optional=["low_precision"])
     assert report.failed == ["low_precision"], str(report)
-    detail = report.checks.set_index("check").loc["low_precision", "detail"]
+    detail = row(report, "low_precision").detail
     if fill == "-1e9":  # masked_fill refuses a value that overflows fp16
         assert "fp16: forward raised RuntimeError" in detail and "overflow" in detail
     else:  # the cast overflows to -inf, and the empty row becomes 0/0
@@ -141,13 +148,14 @@ def test_a_model_that_reads_its_pads_fails_pad_content_only():
     assert report.failed == ["pad_content"]
 
 
-def test_mask_polarity_flags_a_model_that_ignores_its_mask_and_passes_one_that_reads_it():
+@pytest.mark.parametrize("name", ["mask_read", "mask_polarity"])  # mask_polarity: the old name, an alias
+def test_mask_read_flags_a_model_that_ignores_its_mask_and_passes_one_that_reads_it(name):
     torch.manual_seed(0)
     embed = nn.Embedding(V, D)
-    tokenwise = audit(lambda ids, mask: embed(ids), vocab_size=V, output="token", optional=["mask_polarity"])
-    assert tokenwise.failed == ["mask_polarity"]  # no position mixes with another: nothing else can fail
+    tokenwise = audit(lambda ids, mask: embed(ids), vocab_size=V, output="token", optional=[name])
+    assert tokenwise.failed == ["mask_read"]  # no position mixes with another: nothing else can fail
     assert "unchanged with the mask inverted" in tokenwise.checks.iloc[-1]["detail"]
-    assert audit(Pooling("finfo"), vocab_size=V, optional=["mask_polarity"]).passed
+    assert audit(Pooling("finfo"), vocab_size=V, optional=[name]).passed
 
 
 def test_a_flipped_mask_polarity_fails_batch_equivalence():
@@ -170,7 +178,8 @@ def test_correct_models_pass_every_check_including_the_optional_ones():
         for side in ("right", "left"):
             report = audit(forward, vocab_size=V, padding_side=side, output=output, optional=OPTIONAL_CHECKS)
             assert report.passed, str(report)
-            assert list(report.checks["check"]) == [*CHECKS, *OPTIONAL_CHECKS]
+            assert list(dict.fromkeys(report.checks["check"])) == [*CHECKS, *OPTIONAL_CHECKS]
+            assert len(report.checks) == 3 * len([*CHECKS, *OPTIONAL_CHECKS])  # one row per check and mode
 
 
 @pytest.mark.parametrize("side, positions", [("post", "index"), ("post", "first_token"), ("pre", "first_token")])
@@ -223,7 +232,7 @@ def test_batch_equivalence_equals_a_direct_computation():
         padded = model(batch, mask).double()
         alone = [model(s[None], torch.ones(1, len(s), dtype=torch.bool)).double()[0] for s in seqs]
     expected = max(float((padded[i] - alone[i]).abs().max()) for i in range(3))
-    got = report.checks.set_index("check").loc["batch_equivalence", "max_abs_diff"]
+    got = row(report, "batch_equivalence").max_abs_diff
     assert got == pytest.approx(expected, rel=1e-12)
 
 
@@ -336,8 +345,8 @@ def test_an_error_inside_a_check_fails_that_check_only():
 
     report = audit(refuses_empty_rows, vocab_size=V)
     assert report.failed == ["empty_row"]
-    row = report.checks.set_index("check").loc["empty_row"]
-    assert row.detail == "forward raised ValueError: empty row" and math.isnan(row.max_abs_diff)
+    found = row(report, "empty_row")
+    assert found.detail == "forward raised ValueError: empty row" and math.isnan(found.max_abs_diff)
 
 
 def test_a_truncated_token_output_fails_the_check_that_caused_it():
@@ -352,7 +361,7 @@ def test_a_truncated_token_output_fails_the_check_that_caused_it():
 
     report = audit(truncating, vocab_size=V, output="token")
     assert report.failed == ["extra_padding"]
-    assert "for input of length 24" in report.checks.set_index("check").loc["extra_padding", "detail"]
+    assert "for input of length 24" in row(report, "extra_padding").detail
 
 
 # --- the registry and the command line ----------------------------------------------------------------------------
