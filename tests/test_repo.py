@@ -1,4 +1,4 @@
-"""The book's conventions, checked on the files as committed (README, section "Contributing")."""
+"""The book's conventions, checked on the files as committed (docs/CONTRIBUTING.md)."""
 
 import ast
 import json

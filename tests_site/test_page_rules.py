@@ -1,4 +1,4 @@
-"""The page rules (README, "Contributing: how a page reads"; tools/page_rules.py), checked on every chapter page of
+"""The page rules (docs/CONTRIBUTING.md, "How a page reads"; tools/page_rules.py), checked on every chapter page of
 the built site in headless Chromium at 1280 x 900, as a reader sees it:
 
 - no code block scrolls sideways;

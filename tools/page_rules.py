@@ -1,4 +1,4 @@
-"""The page rules of the book (README, "Contributing: how a page reads"), as code that checks a page.
+"""The page rules of the book (docs/CONTRIBUTING.md, "How a page reads"), as code that checks a page.
 
 One list of patterns and limits, used in two places:
 - ``tests_site/test_reader_view.py`` and ``tests_site/test_page_rules.py`` apply them to the built website;
