@@ -47,7 +47,8 @@ from .attention import scaled_dot_product_attention
 from .batching import check_document_ids, document_mask, document_offsets
 
 __all__ = ["BACKENDS", "BackendUnavailable", "backend_status", "document_attention", "flex_document_attention",
-           "varlen_attention",
+           "varlen_attention", "document_causal_mask", "IGNORE_INDEX", "lm_labels", "count_targets", "lm_loss",
+           "packed_lm_logits",
            "cu_seqlens_from_lengths", "position_ids_from_cu_seqlens", "cu_seqlens_from_position_ids",
            "flat_document_mask"]
 
@@ -59,6 +60,32 @@ _EAGER_FLEX_WARNING = "flex_attention called without torch.compile"
 
 class BackendUnavailable(RuntimeError):
     """A packed-attention backend does not run here (this device, dtype or torch build); the message says why."""
+
+
+def _check_flag(value: object, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def document_causal_mask(doc_ids: Tensor) -> Tensor:
+    """The document causal mask of packed rows: block-diagonal *and* causal.
+
+    Args:
+        doc_ids: int ``(B, L)`` document ids (:func:`attnbook.batching.check_document_ids`; -1 = pad).
+
+    Returns:
+        bool ``(B, L, L)``, True = takes part: ``mask[b, i, j]`` where ``i`` and ``j`` are real tokens of the same
+        document and ``j <= i``; :func:`attnbook.batching.document_mask` ``&`` the causal mask. Every real token
+        sees at least itself; a pad's row is all False.
+
+    Raises:
+        TypeError, ValueError: ``doc_ids`` invalid, as in :func:`attnbook.batching.check_document_ids`.
+
+    Krell et al. (2021), section 4; Vaswani et al. (2017), section 3.2.3. Chapter 9, section "Packing for a
+    language model".
+    """
+    mask = document_mask(doc_ids)
+    return mask & torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).tril()
 
 
 def _check_packed(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor) -> None:
@@ -82,18 +109,22 @@ def _check_packed(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor) -> None:
                          f"{tuple(doc_ids.shape)}")
 
 
-def document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, scale: float | None = None) -> Tensor:
+def document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, scale: float | None = None,
+                       causal: bool = False) -> Tensor:
     """Attention within each document of packed rows, with the dense block-diagonal mask.
 
     Args:
         q, k, v: ``(B, H, L, D)`` (``v`` may have another last size), one floating dtype and device.
         doc_ids: int ``(B, L)`` document ids (:func:`attnbook.batching.check_document_ids`; -1 = pad).
         scale: of the scores; ``None`` = ``1 / sqrt(D)``.
+        causal: False = each token sees its whole document (an encoder); True = only the tokens of its document
+            at or before it (a decoder: :func:`document_causal_mask`), what ``F.scaled_dot_product_attention(...,
+            is_causal=True)`` gives each document run alone.
 
     Returns:
         ``(B, H, L, D_v)``: at each real token, softmax over the keys of its own document only; zeros at the pads.
         The mask is :func:`attnbook.batching.document_mask` (bool, True = takes part, as
-        ``F.scaled_dot_product_attention``'s ``attn_mask``).
+        ``F.scaled_dot_product_attention``'s ``attn_mask``), or :func:`document_causal_mask` with ``causal``.
 
     Raises:
         TypeError: non-float or mixed dtypes, bad ``doc_ids``. ValueError: shapes that do not match (the message
@@ -102,15 +133,17 @@ def document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, scal
     Krell et al. (2021), section 4; Vaswani et al. (2017), eq. 1. Chapter 9, section "Packing instead of padding".
     """
     _check_packed(q, k, v, doc_ids)
-    mask = document_mask(doc_ids.to(q.device))[:, None]                # (B, 1, L, L), the same for every head
-    return scaled_dot_product_attention(q, k, v, mask, scale=scale)
+    _check_flag(causal, "causal")
+    doc_ids = doc_ids.to(q.device)
+    mask = document_causal_mask(doc_ids) if causal else document_mask(doc_ids)
+    return scaled_dot_product_attention(q, k, v, mask[:, None], scale=scale)   # (B, 1, L, L): every head
 
 
 _compiled_flex = None
 
 
 def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, compile: bool = False,
-                            scale: float | None = None) -> Tensor:
+                            scale: float | None = None, causal: bool = False) -> Tensor:
     """Attention within each document of packed rows, with FlexAttention: a ``mask_mod`` and its ``BlockMask``.
 
     The ``mask_mod`` is ``doc[b, q_idx] == doc[b, kv_idx] & doc[b, q_idx] >= 0`` (True = the pair takes part,
@@ -128,10 +161,12 @@ def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *,
             fp32 checked here). Compiled on a CPU, FlexAttention takes fp32, fp16 and bf16 only: fp64 raises
             (inductor's ``LoweringException: NotImplementedError``, reported as :class:`BackendUnavailable`).
         scale: of the scores; ``None`` = ``1 / sqrt(D)``.
+        causal: True = the ``mask_mod`` also requires ``kv_idx <= q_idx`` (torch's "causal document masking"
+            example): the blocks above the diagonal are skipped too.
 
     Returns:
-        ``(B, H, L, D_v)``: the same as :func:`document_attention`, zeros at the pads (FlexAttention gives a query
-        with no allowed key a zero output).
+        ``(B, H, L, D_v)``: the same as :func:`document_attention` (with the same ``causal``), zeros at the pads
+        (FlexAttention gives a query with no allowed key a zero output).
 
     Raises:
         TypeError, ValueError: as :func:`document_attention`.
@@ -144,6 +179,7 @@ def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *,
     """
     global _compiled_flex
     _check_packed(q, k, v, doc_ids)
+    _check_flag(causal, "causal")
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError as err:  # pragma: no cover - torch < 2.5
@@ -151,7 +187,8 @@ def flex_document_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *,
     doc = doc_ids.to(device=q.device, dtype=torch.long)
 
     def same_document(b, h, q_idx, kv_idx):
-        return (doc[b, q_idx] == doc[b, kv_idx]) & (doc[b, q_idx] >= 0)
+        allowed = (doc[b, q_idx] == doc[b, kv_idx]) & (doc[b, q_idx] >= 0)
+        return allowed & (kv_idx <= q_idx) if causal else allowed
 
     batch, _, length, _ = q.shape
     try:
@@ -176,7 +213,7 @@ def _scatter(flat: Tensor, doc_ids: Tensor, like: Tensor) -> Tensor:
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, backend: str = "auto",
-                     scale: float | None = None) -> Tensor:
+                     scale: float | None = None, causal: bool = False) -> Tensor:
     """Attention within each document of packed rows, with a variable-length interface: no mask at all.
 
     The real tokens of all rows are gathered into one flat sequence ``(T, H, D)`` (``T`` = the number of real
@@ -192,15 +229,20 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, backen
             which runs on a CPU too and in any float dtype; ``"auto"`` = ``"varlen"`` for fp16/bf16 on CUDA, else
             ``"nested"``.
         scale: of the scores; ``None`` = ``1 / sqrt(D)``.
+        causal: True = causal within each document. ``"varlen"`` passes ``window_size=(-1, 0)`` (no limit to the
+            left, none to the right of the diagonal: "(-1, 0) for causal attention", says ``varlen_attn``'s
+            docstring); ``"nested"`` cannot be causal
+            (torch 2.13's jagged SDPA refuses ``is_causal=True``, "Nested tensors for query / key are not supported
+            when is_causal=True") and raises :class:`BackendUnavailable`.
 
     Returns:
-        ``(B, H, L, D_v)``: the same as :func:`document_attention`, zeros at the pads.
+        ``(B, H, L, D_v)``: the same as :func:`document_attention` (with the same ``causal``), zeros at the pads.
 
     Raises:
         TypeError, ValueError: as :func:`document_attention`; ValueError: an unknown ``backend``.
         BackendUnavailable: the backend does not run here; on a CPU, ``"varlen"`` (``varlen_attn`` raises
             ``NotImplementedError``: ``aten::_flash_attention_forward`` has no CPU kernel in torch 2.13; the message
-            gives torch's error).
+            gives torch's error); ``"nested"`` with ``causal``.
 
     Dao (2023), "FlashAttention-2", its variable-length (``cu_seqlens``) interface; Krell et al. (2021). Chapter 9,
     section "Packing instead of padding".
@@ -208,8 +250,13 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, backen
     if backend not in (*BACKENDS, "auto"):
         raise ValueError(f"backend must be one of {[*BACKENDS, 'auto']}, got {backend!r}")
     _check_packed(q, k, v, doc_ids)
+    _check_flag(causal, "causal")
     if backend == "auto":
         backend = "varlen" if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else "nested"
+    if backend == "nested" and causal:
+        raise BackendUnavailable("backend='nested' cannot be causal: torch's jagged nested-tensor SDPA refuses "
+                                 "is_causal=True; use document_attention(..., causal=True) or, on CUDA, "
+                                 "backend='varlen'")
     doc_ids = doc_ids.to(q.device)
     offsets, longest = document_offsets(doc_ids)
     real = doc_ids >= 0
@@ -220,7 +267,8 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, doc_ids: Tensor, *, backen
         try:
             from torch.nn.attention.varlen import varlen_attn
             cu = offsets.to(torch.int32)
-            out = varlen_attn(*flat, cu, cu, longest, longest, scale=scale)
+            window = (-1, 0) if causal else (-1, -1)
+            out = varlen_attn(*flat, cu, cu, longest, longest, scale=scale, window_size=window)
         except (ImportError, RuntimeError, NotImplementedError) as err:
             raise BackendUnavailable(
                 f"backend='varlen' (torch.nn.attention.varlen.varlen_attn, FlashAttention-2's kernel) failed on "
@@ -397,3 +445,117 @@ def flat_document_mask(cu_seqlens: Tensor, *, causal: bool = True) -> Tensor:
     if causal:
         mask &= torch.ones_like(mask).tril()
     return mask
+
+
+# ----------------------------------------------------------------------------------------------- a language model
+#: The label that ``F.cross_entropy`` skips (its default ``ignore_index``, and Hugging Face's).
+IGNORE_INDEX = -100
+
+
+def lm_labels(ids: Tensor, doc_ids: Tensor) -> Tensor:
+    """The labels of packed rows for next-token training: the ids, with :data:`IGNORE_INDEX` where nothing is to be
+    predicted.
+
+    Args:
+        ids: int ``(B, L)`` token ids of packed rows.
+        doc_ids: int ``(B, L)`` their document ids (:func:`attnbook.batching.check_document_ids`; -1 = pad).
+
+    Returns:
+        int64 ``(B, L)``, aligned with ``ids`` as Hugging Face's ``labels`` are (the loss shifts them: position
+        ``t`` predicts ``labels[t + 1]``, :func:`lm_loss`): ``ids`` everywhere except -100 at every pad and at the
+        first token of every document. The -100 at a document's first token stops the last token of the document
+        before it from being trained to predict it, a pair that never occurs when each document stands alone
+        (``DataCollatorWithFlattening`` puts -100 there too).
+
+    Raises:
+        TypeError, ValueError: invalid ``doc_ids``, or ``ids`` not an integer tensor of the same shape.
+
+    Krell et al. (2021), section 4. Chapter 9, section "Packing for a language model".
+    """
+    check_document_ids(doc_ids)
+    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"ids must be an integer tensor (batch, length), got "
+                        f"{ids.dtype if isinstance(ids, Tensor) else type(ids).__name__}")
+    if ids.shape != doc_ids.shape:
+        raise ValueError(f"ids and doc_ids must have one shape, got {tuple(ids.shape)} and {tuple(doc_ids.shape)}")
+    doc_ids = doc_ids.to(ids.device)
+    start = torch.ones_like(doc_ids, dtype=torch.bool)
+    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return ids.long().masked_fill(start | (doc_ids < 0), IGNORE_INDEX)
+
+
+def count_targets(labels: Tensor) -> int:
+    """The number of tokens :func:`lm_loss` predicts in ``labels`` ``(B, L)``: labels after the first column that
+    are not :data:`IGNORE_INDEX`. Sum it over every micro-batch of an optimizer step and pass the total to
+    :func:`lm_loss` as ``n_targets``. Chapter 9, section "Packing for a language model"."""
+    if not isinstance(labels, Tensor) or labels.dim() != 2:
+        raise ValueError(f"labels must be a (batch, length) tensor, got "
+                         f"{tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__}")
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def lm_loss(logits: Tensor, labels: Tensor, n_targets: int | None = None) -> Tensor:
+    """Next-token cross-entropy summed over the predicted tokens and divided by ``n_targets``.
+
+    Args:
+        logits: float ``(B, L, V)``; ``logits[:, t]`` predicts ``labels[:, t + 1]``.
+        labels: int ``(B, L)`` (:func:`lm_labels`; :data:`IGNORE_INDEX` = not predicted).
+        n_targets: the number of predicted tokens to divide by; ``None`` = this batch's (:func:`count_targets`).
+            With gradient accumulation pass the total over all micro-batches of the step: then the sum of the
+            micro-batches' losses is the mean over every real token of the step, whatever the micro-batches'
+            sizes. The mean of per-micro-batch means weighs a token of a short micro-batch more.
+
+    Returns:
+        A scalar: ``F.cross_entropy(..., reduction="sum", ignore_index=-100) / n_targets`` (0 when nothing is
+        predicted).
+
+    Raises:
+        ValueError: shapes that do not match, or ``n_targets`` < 1 while there are targets.
+
+    Chapter 9, section "Packing for a language model".
+    """
+    if not isinstance(logits, Tensor) or logits.dim() != 3 or logits.shape[:2] != labels.shape:
+        raise ValueError(f"logits must be (batch, length, vocab) matching labels {tuple(labels.shape)}, got "
+                         f"{tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__}")
+    here = count_targets(labels)
+    n_targets = here if n_targets is None else int(n_targets)
+    if here and n_targets < 1:
+        raise ValueError(f"n_targets must be >= 1 when there are targets, got {n_targets}")
+    total = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX,
+                            reduction="sum")
+    return total / max(n_targets, 1)
+
+
+def packed_lm_logits(model: torch.nn.Module, ids: Tensor, doc_ids: Tensor) -> Tensor:
+    """Chapter 8's decoder-only language model run on packed rows: the document causal mask and positions that
+    restart in every document.
+
+    Args:
+        model: an :class:`attnbook.generation.DecoderOnlyLM` (sinusoidal, learned or rotary positions).
+        ids: int ``(B, L)`` token ids of packed rows (pads: any id, 0 by convention).
+        doc_ids: int ``(B, L)`` their document ids (-1 = pad).
+
+    Returns:
+        float ``(B, L, V)``: at each real token, the logits the model gives it when its document is run alone
+        (up to rounding); pads' rows are computed but see no key.
+
+    Raises:
+        TypeError: ``model`` not a ``DecoderOnlyLM``; invalid ``ids`` or ``doc_ids``. ValueError: shapes.
+
+    Krell et al. (2021), section 4. Chapter 9, section "Packing for a language model".
+    """
+    from .batching import document_positions
+    from .generation import DecoderOnlyLM
+
+    if not isinstance(model, DecoderOnlyLM):
+        raise TypeError(f"model must be an attnbook.generation.DecoderOnlyLM, got {type(model).__name__}")
+    check_document_ids(doc_ids)
+    if not isinstance(ids, Tensor) or ids.shape != doc_ids.shape:
+        raise ValueError(f"ids must be a tensor of doc_ids' shape {tuple(doc_ids.shape)}, got "
+                         f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
+    doc_ids = doc_ids.to(ids.device)
+    positions = document_positions(doc_ids)
+    x = model.embedding(ids, positions)
+    h = model.stack(x, self_mask=document_causal_mask(doc_ids),
+                    positions=positions if model.positional == "rope" else None)
+    return model.out(h)
