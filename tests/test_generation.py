@@ -15,6 +15,8 @@ from attnbook.generation import (
     KVCache,
     causal_padding_mask,
     generate,
+    is_left_padded,
+    left_pad,
     with_kv_cache,
 )
 from attnbook.seq2seq import beam_search, greedy_decode
@@ -226,3 +228,113 @@ def test_generate_restores_training_mode_and_checks_its_arguments():
         generate(Transformer(5, 5, 8, 2, 1, 1, 16), ids, mask, 2)
     with pytest.raises(ValueError, match="positional"):
         DecoderOnlyLM(10, positional="none")
+
+
+# ------------------------------------------------------------------- right padding, default positions, EOS stop
+def _right_padded(seed=0):
+    """The prompts of ``_left_padded`` with their pads moved to the right (a training batch's layout)."""
+    ids, mask = _left_padded(seed)
+    right_ids, right_mask = torch.zeros_like(ids), torch.zeros_like(mask)
+    for r in range(len(ids)):
+        n = int(mask[r].sum())
+        right_ids[r, :n], right_mask[r, :n] = ids[r, mask[r]], True
+    return right_ids, right_mask
+
+
+def test_generate_refuses_right_padded_prompts_and_names_the_rows():
+    model = _lm()
+    ids, mask = _right_padded()
+    with pytest.raises(ValueError, match=r"left-padded prompts .* rows \[1, 2\] have a pad after a real token"):
+        generate(model, ids, mask, 4)
+    gap = torch.ones(1, 5, dtype=torch.bool)
+    gap[0, 2] = False                                          # a pad between real tokens
+    with pytest.raises(ValueError, match=r"rows \[0\]"):
+        generate(model, torch.ones(1, 5, dtype=torch.long), gap, 4)
+    with pytest.raises(ValueError, match=r"at least one real token; rows \[1\]"):
+        generate(model, torch.ones(2, 3, dtype=torch.long), torch.tensor([[True] * 3, [False] * 3]), 4)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope"])
+def test_right_padded_prompts_left_padded_by_left_pad_equal_one_by_one_generation(positional):
+    model = _lm(positional)
+    ids, mask = _right_padded()
+    alone = torch.cat([generate(model, ids[r:r + 1, mask[r]], None, 12).tokens for r in range(len(ids))])
+    left_ids, left_mask = left_pad(ids, mask)
+    torch.testing.assert_close(left_mask, _left_padded()[1], rtol=0, atol=0)
+    for use_cache in (True, False):
+        assert torch.equal(generate(model, left_ids, left_mask, 12, use_cache=use_cache).tokens, alone)
+
+
+def test_left_pad_and_is_left_padded():
+    ids = torch.tensor([[5, 6, 0, 0], [0, 7, 0, 8], [0, 0, 9, 4]])
+    mask = ids != 0
+    assert is_left_padded(mask).tolist() == [False, False, True]
+    new_ids, new_mask = left_pad(ids, mask, pad_id=3)
+    assert new_ids.tolist() == [[3, 3, 5, 6], [3, 3, 7, 8], [3, 3, 9, 4]]
+    assert is_left_padded(new_mask).all() and torch.equal(new_mask.sum(1), mask.sum(1))
+    with pytest.raises(TypeError, match="padding_mask"):
+        is_left_padded(ids)
+    with pytest.raises(ValueError, match=r"shape \(batch, T\)"):
+        is_left_padded(mask[0])
+    with pytest.raises(ValueError, match="shape of ids"):
+        left_pad(ids, mask[:, 1:])
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_forward_with_a_padding_mask_counts_positions_from_the_mask(positional):
+    """Without ``positions``, a left-padded row's real tokens get the logits of the row run alone (positions from
+    the mask), not those of index positions; a right-padded row's real tokens keep their array indices."""
+    model = _lm(positional)
+    ids, mask = _left_padded()
+    out = model(ids, mask)
+    for r in range(len(ids)):
+        torch.testing.assert_close(out[r, mask[r]], model(ids[r:r + 1, mask[r]])[0], rtol=0, atol=1e-12)
+    index = model(ids, mask, torch.arange(7))
+    assert (index[1, mask[1]] - out[1, mask[1]]).abs().max() > 1e-3     # the old default moved row 1
+    right_ids, right_mask = _right_padded()
+    torch.testing.assert_close(model(right_ids, right_mask)[right_mask],
+                               model(right_ids, right_mask, torch.arange(7))[right_mask], rtol=0, atol=0)
+
+
+def test_forward_cached_continues_positions_from_the_last_real_token_by_default():
+    model = _lm("learned")
+    ids, mask = _left_padded()
+    logits, cache = model.forward_cached(ids, model.empty_cache(3), mask)
+    assert torch.equal(cache.next_positions, mask.sum(1))
+    nxt = torch.tensor([[4], [5], [6]])
+    step, cache2 = model.forward_cached(nxt, cache, torch.ones(3, 1, dtype=torch.bool))
+    assert torch.equal(cache2.next_positions, mask.sum(1) + 1)
+    for r in range(3):                                   # the reference: each row alone, no pads, no cache
+        alone = model(torch.cat([ids[r, mask[r]], nxt[r]])[None])[0]
+        torch.testing.assert_close(logits[r, mask[r]], alone[:-1], rtol=0, atol=1e-12)
+        torch.testing.assert_close(step[r, 0], alone[-1], rtol=0, atol=1e-12)
+
+
+def test_eos_stops_each_row_and_the_batch():
+    model = _lm()
+    ids, mask = _left_padded()
+    free = generate(model, ids, mask, 12)
+    eos = int(free.tokens[0, 3])                         # the token row 0 generates fourth
+    for use_cache in (True, False):
+        got = generate(model, ids, mask, 12, eos_id=eos, pad_id=0, use_cache=use_cache)
+        for r in range(3):                               # reference: the free run, cut after its first eos
+            row = free.tokens[r]
+            hits = (row == eos).nonzero()
+            end = int(hits[0]) + 1 if len(hits) else 12
+            want = torch.cat([row[:end], torch.zeros(12 - end, dtype=row.dtype)])
+            n = got.tokens.shape[1]
+            assert torch.equal(got.tokens[r], want[:n]) and (want[n:] == 0).all()
+    # every row stops on its first token: one step, one column
+    first = generate(model, ids[:1], mask[:1], 12, eos_id=int(free.tokens[0, 0]))
+    assert first.tokens.shape == (1, 1) and first.logits.shape == (1, 1, 30)
+
+
+def test_eos_id_and_pad_id_are_checked():
+    model = _lm()
+    ids, mask = _left_padded()
+    with pytest.raises(ValueError, match="eos_id must be < vocab_size=30, got 30"):
+        generate(model, ids, mask, 2, eos_id=30)
+    with pytest.raises(ValueError, match="eos_id"):
+        generate(model, ids, mask, 2, eos_id=-1)
+    with pytest.raises(ValueError, match="pad_id"):
+        generate(model, ids, mask, 2, eos_id=1, pad_id=-1)

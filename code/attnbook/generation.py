@@ -18,7 +18,14 @@ Explained in chapter 8, "Self-attention and the Transformer" (``chapters/08_self
   :class:`attnbook.transformer.TransformerEmbedding`
   and :class:`attnbook.transformer.TransformerEncoderLayer` with a causal self-mask;
 - :func:`generate`: greedy generation for :class:`DecoderOnlyLM`, with or without the cache, with positions counted
-  from the padding mask (``cumsum(mask) - 1``, as Hugging Face's ``generate`` does) or taken as array indices.
+  from the padding mask (``cumsum(mask) - 1``, as Hugging Face's ``generate`` does) or taken as array indices, and an
+  optional stop at an end-of-sequence token (``eos_id``). It refuses right-padded prompts (a pad after a real token):
+  their next token would go after a pad, not after the prompt. :func:`left_pad` moves such a batch's real tokens to
+  the end of each row.
+
+Positions: :class:`DecoderOnlyLM`'s ``forward`` and ``forward_cached`` count positions from the padding mask when
+none are given (``cumsum(mask) - 1``; for right padding these are the array indices of the real tokens), never from
+the array index of a row with pads.
 
 With the cache, every attention sees exactly the keys and values the full recomputation sees, so the tokens are the
 same and the logits agree up to the order of floating-point sums (``tests/test_generation.py``). All modules run in
@@ -52,6 +59,7 @@ from .transformer import (
 __all__ = [
     "POSITION_RULES", "causal_padding_mask", "LayerCache", "KVCache", "CachedDecoderState",
     "CachedTranslationDecoder", "CachedTransformer", "with_kv_cache", "DecoderOnlyLM", "Generated", "generate",
+    "is_left_padded", "left_pad",
 ]
 
 #: How :func:`generate` numbers the positions of a left-padded row: counted from the padding mask
@@ -341,9 +349,13 @@ class DecoderOnlyLM(nn.Module):
     - ``model(ids (batch, T) int64, padding_mask=None, positions=None)`` -> logits ``(batch, T, vocab_size)``:
       position ``i`` predicts token ``i + 1``. ``padding_mask``: bool ``(batch, T)``, True = a real token (``None``
       = all real); it is combined with the causal mask (:func:`causal_padding_mask`). ``positions``: int ``(T,)``
-      or ``(batch, T)`` (``None`` = ``0 .. T - 1``).
+      or ``(batch, T)``; ``None`` = counted from the padding mask, ``cumsum(padding_mask) - 1``
+      (:func:`attnbook.transformer.positions_from_mask`): ``0 .. T - 1`` without pads and for the real tokens of a
+      right-padded row, and from the first real token of a left-padded row (never the array index of a row with
+      pads, which would move a left-padded prompt's positions).
     - :meth:`forward_cached` ``(ids (batch, n), cache, padding_mask (batch, n), positions (batch, n))`` ->
-      ``(logits (batch, n, vocab_size), new cache)``: the ``n`` new positions against the cached ones.
+      ``(logits (batch, n, vocab_size), new cache)``: the ``n`` new positions against the cached ones; positions
+      default to ``cache.next_positions`` plus the count of the new real tokens before each.
 
     Raises:
         ValueError: bad sizes or options, ``positional="none"`` (a causal LM without positions is possible, but
@@ -371,11 +383,15 @@ class DecoderOnlyLM(nn.Module):
     def vocab_size(self) -> int:
         return self.out.out_features
 
-    def _inputs(self, ids: Tensor, padding_mask: Tensor | None, positions: Tensor | None
-                ) -> tuple[Tensor, Tensor]:
+    def _inputs(self, ids: Tensor, padding_mask: Tensor | None, positions: Tensor | None,
+                start: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The checked padding mask and positions ``(batch, n)``; ``positions=None`` = counted from the mask
+        (``cumsum(mask) - 1``), plus ``start`` ``(batch,)`` (the cache's next positions) when given."""
         padding_mask = _checked_padding_mask(ids, padding_mask)
         if positions is None:
-            positions = torch.arange(ids.shape[1], device=ids.device)
+            positions = positions_from_mask(padding_mask)
+            if start is not None:
+                positions = positions + start.to(ids.device)[:, None]
         positions = torch.as_tensor(positions, device=ids.device)
         return padding_mask, positions.expand(ids.shape).contiguous() if positions.dim() == 1 else positions
 
@@ -396,14 +412,19 @@ class DecoderOnlyLM(nn.Module):
     def forward_cached(self, ids: Tensor, cache: KVCache, padding_mask: Tensor | None = None,
                        positions: Tensor | None = None) -> tuple[Tensor, KVCache]:
         """The new positions ``ids`` ``(batch, n)`` against ``cache``: logits ``(batch, n, vocab)`` and the cache
-        with the ``n`` positions appended. ``positions`` default: ``cache.length + 0 .. n - 1`` (array indices)."""
+        with the ``n`` positions appended.
+
+        ``positions`` default: ``cache.next_positions`` (0 for an empty cache) plus ``cumsum(padding_mask) - 1``,
+        so that a left-padded prompt's first real token is position 0 and each later token continues from the
+        last real one (array indices only where there is no pad). The returned cache's ``next_positions`` is one
+        past the last real token's position (default positions) or one past the last given position."""
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-        if positions is None:
-            positions = torch.arange(cache.length, cache.length + ids.shape[1], device=ids.device)
-        padding_mask, positions = self._inputs(ids, padding_mask, positions)
+        _check_ids("ids", ids)
         if cache.padding_mask.shape[0] != ids.shape[0]:
             raise ValueError(f"the cache holds batch {cache.padding_mask.shape[0]}, ids have batch {ids.shape[0]}")
+        default = positions is None
+        padding_mask, positions = self._inputs(ids, padding_mask, positions, cache.next_positions)
         keys_mask = torch.cat([cache.padding_mask, padding_mask], 1)
         mask = causal_padding_mask(keys_mask, ids.shape[1])[:, None]          # (batch, 1, n, t + n)
         x = self.embedding(ids, positions)
@@ -413,34 +434,86 @@ class DecoderOnlyLM(nn.Module):
             layers.append(layer_cache)
         if self.stack.norm is not None:
             x = self.stack.norm(x)
-        return self.out(x), KVCache(tuple(layers), keys_mask, positions[:, -1] + 1)
+        next_positions = cache.next_positions.to(ids.device) + padding_mask.sum(1) if default \
+            else positions[:, -1] + 1
+        return self.out(x), KVCache(tuple(layers), keys_mask, next_positions)
 
 
 class Generated(NamedTuple):
-    """The output of :func:`generate`: ``tokens`` ``(batch, max_new_tokens)`` int64 and the ``logits`` ``(batch,
-    max_new_tokens, vocab)`` each token was chosen from."""
+    """The output of :func:`generate`: ``tokens`` ``(batch, n)`` int64 and the ``logits`` ``(batch, n, vocab)`` each
+    token was chosen from; ``n = max_new_tokens``, or fewer when every row has stopped at ``eos_id``. After a row's
+    end-of-sequence token its tokens are ``pad_id`` and its logits are those of the step, which chose nothing."""
 
     tokens: Tensor
     logits: Tensor
 
 
+def is_left_padded(padding_mask: Tensor) -> Tensor:
+    """Per row, whether every pad comes before every real token (no pad after a real token).
+
+    Args:
+        padding_mask: bool ``(batch, T)``, True = a real token.
+
+    Returns:
+        bool ``(batch,)``: True for a left-padded row and a row without pads (or without real tokens); False for a
+        right-padded row or one with a pad between real tokens.
+
+    Raises:
+        TypeError: ``padding_mask`` not bool. ValueError: not 2-D.
+
+    Chapter 8, section "Batched generation of left-padded prompts".
+    """
+    check_bool_mask(padding_mask, "padding_mask")
+    if padding_mask.dim() != 2:
+        raise ValueError(f"padding_mask must have shape (batch, T), got {tuple(padding_mask.shape)}")
+    return (padding_mask[:, 1:] >= padding_mask[:, :-1]).all(1)
+
+
+def left_pad(ids: Tensor, padding_mask: Tensor, pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """The same prompts, left-padded: each row's real tokens moved, in order, to the end of the row.
+
+    Args:
+        ids: int64 ``(batch, T)`` prompts, padded on any side (right padding, as a training batch is).
+        padding_mask: bool ``(batch, T)``, True = a real token.
+        pad_id: the id written at the pads.
+
+    Returns:
+        ``(ids, padding_mask)``, both ``(batch, T)``: the real tokens of each row in their order, after its pads
+        (:func:`generate` needs this layout).
+
+    Raises:
+        TypeError: bad ``ids`` or mask. ValueError: shapes that do not match.
+
+    Chapter 8, section "Batched generation of left-padded prompts".
+    """
+    padding_mask = _checked_padding_mask(ids, padding_mask)
+    # a stable sort of "is real" puts the pads first and keeps each group's order
+    order = torch.sort(padding_mask.long(), dim=1, stable=True).indices
+    mask = padding_mask.gather(1, order)
+    return ids.gather(1, order).masked_fill(~mask, pad_id), mask
+
+
 @torch.no_grad()
 def generate(model: DecoderOnlyLM, ids: Tensor, padding_mask: Tensor | None = None, max_new_tokens: int = 10, *,
-             use_cache: bool = True, positions: str = "mask", mask_pads: bool = True) -> Generated:
-    """Greedy generation: append the most probable next token ``max_new_tokens`` times.
+             use_cache: bool = True, positions: str = "mask", mask_pads: bool = True, eos_id: int | None = None,
+             pad_id: int = 0) -> Generated:
+    """Greedy generation: append the most probable next token ``max_new_tokens`` times, or until ``eos_id``.
 
     Args:
         model: a :class:`DecoderOnlyLM` (put in eval mode for the call, then restored).
         ids: ``(batch, T)`` int64 prompts, **left-padded** (the real tokens at the end of the row, so that every
-            row's next token goes to the same column).
+            row's next token goes to the same column); :func:`left_pad` converts a right-padded batch.
         padding_mask: bool ``(batch, T)``, True = a real token (``None`` = no padding).
-        max_new_tokens: the number of tokens generated per row (>= 1).
+        max_new_tokens: the largest number of tokens generated per row (>= 1).
         use_cache: True = a :class:`KVCache`: the prompt is run once, then each step feeds one token; False =
             every step recomputes the whole row (prompt and tokens so far).
         positions: ``"mask"`` = counted from the padding mask, ``cumsum(mask) - 1``, so that the first real token
             has position 0 in every row (:func:`attnbook.transformer.positions_from_mask`); ``"index"`` = the
             array index ``0 .. T - 1``, which counts a row's pads and moves its tokens' positions.
         mask_pads: False = the pads take part as keys (the padding mask is dropped; only the causal mask stays).
+        eos_id: the end-of-sequence token id (``None`` = no stop): a row that generates it is finished, its later
+            tokens are ``pad_id``, and generation stops early once every row is finished.
+        pad_id: the id written after a finished row's ``eos_id``.
 
     Returns:
         :class:`Generated`. A row generated alone (no padding) gets the same tokens as in a left-padded batch
@@ -450,7 +523,9 @@ def generate(model: DecoderOnlyLM, ids: Tensor, padding_mask: Tensor | None = No
 
     Raises:
         TypeError: ``model`` not a :class:`DecoderOnlyLM`, bad ids or mask. ValueError: unknown ``positions``,
-            ``max_new_tokens < 1``, shapes that do not match.
+            ``max_new_tokens < 1``, ``eos_id`` outside the vocabulary, shapes that do not match, a prompt with a pad
+            after a real token (right padding: the message names the rows and :func:`left_pad`), or a prompt with no
+            real token.
 
     Chapter 8, sections "A key/value cache" and "Batched generation of left-padded prompts".
     """
@@ -459,7 +534,20 @@ def generate(model: DecoderOnlyLM, ids: Tensor, padding_mask: Tensor | None = No
     if positions not in POSITION_RULES:
         raise ValueError(f"positions must be one of {list(POSITION_RULES)}, got {positions!r}")
     check_int(max_new_tokens, "max_new_tokens", minimum=1)
+    if eos_id is not None:
+        check_int(eos_id, "eos_id", minimum=0)
+        if eos_id >= model.vocab_size:
+            raise ValueError(f"eos_id must be < vocab_size={model.vocab_size}, got {eos_id}")
+    check_int(pad_id, "pad_id", minimum=0)
     padding_mask = _checked_padding_mask(ids, padding_mask)
+    not_left = (~is_left_padded(padding_mask)).nonzero().flatten().tolist()
+    if not_left:
+        raise ValueError(f"generate needs left-padded prompts (pads before the real tokens), but rows {not_left} "
+                         "have a pad after a real token: their next token would follow a pad, not the prompt. "
+                         "Left-pad them first (attnbook.generation.left_pad).")
+    empty = (~padding_mask.any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"every prompt needs at least one real token; rows {empty} have none")
     batch = ids.shape[0]
 
     def numbered(mask: Tensor) -> Tensor:
@@ -475,26 +563,34 @@ def generate(model: DecoderOnlyLM, ids: Tensor, padding_mask: Tensor | None = No
     try:
         tokens, logits = [], []
         real = torch.ones(batch, 1, dtype=torch.bool, device=ids.device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+
+        def choose(step_logits: Tensor) -> Tensor:
+            """The next tokens (pad_id for finished rows); marks the rows that end here."""
+            y = step_logits[:, -1].argmax(-1).masked_fill(finished, pad_id)
+            tokens.append(y)
+            logits.append(step_logits[:, -1])
+            if eos_id is not None:
+                finished.logical_or_(y == eos_id)
+            return y
+
         if use_cache:
             step_logits, cache = model.forward_cached(ids, model.empty_cache(batch, ids.device),
                                                       attended(padding_mask), numbered(padding_mask))
             # the next position: one past the last real token ("mask"), or one past the last column ("index")
             next_pos = numbered(torch.cat([padding_mask, real], 1))[:, -1:]
             for step in range(max_new_tokens):
-                y = step_logits[:, -1].argmax(-1)
-                tokens.append(y)
-                logits.append(step_logits[:, -1])
-                if step + 1 == max_new_tokens:
+                y = choose(step_logits)
+                if step + 1 == max_new_tokens or finished.all():
                     break
                 step_logits, cache = model.forward_cached(y[:, None], cache, real, next_pos)
                 next_pos = next_pos + 1
         else:
             seq, mask = ids, padding_mask
             for _ in range(max_new_tokens):
-                step_logits = model(seq, attended(mask), numbered(mask))
-                y = step_logits[:, -1].argmax(-1)
-                tokens.append(y)
-                logits.append(step_logits[:, -1])
+                y = choose(model(seq, attended(mask), numbered(mask)))
+                if finished.all():
+                    break
                 seq, mask = torch.cat([seq, y[:, None]], 1), torch.cat([mask, real], 1)
     finally:
         model.train(was_training)
