@@ -1,0 +1,237 @@
+"""A one-head self-attention model small enough to train in seconds, on a task whose answer is checkable.
+
+Explained in chapter 3, "Parametric attention" (``chapters/03_parametric_attention``), section "A trained head:
+the largest digit so far". The task: read a sequence of digits and, at every position, output the largest digit
+seen so far (the running maximum). One head of causal self-attention solves it exactly when each query puts its
+weight on the earlier positions that hold that digit, so the trained weights can be checked against the answer
+(:func:`share_on_running_max`):
+
+- the **query** of every position can ask the same question ("which digit is largest?");
+- the **key** of a digit says how large it is: its score against a query should rise with the digit
+  (:func:`score_table`);
+- the **value** carries which digit it is, and a linear read-out turns the weighted values into a prediction;
+- the **causal mask** keeps the later digits out; without it the head finds the largest digit of the whole
+  sequence instead.
+
+The task needs no positions: the running maximum does not depend on the order of the digits before it, which
+suits self-attention, which ignores order (chapter 8 adds positions). The model has no residual connection, so
+everything it predicts passes through the attention weights.
+
+Use::
+
+    cfg = RunningMaxConfig()
+    model, losses = train_running_max(cfg)
+    tokens = running_max_batch(cfg.n_test, cfg, torch.Generator().manual_seed(cfg.test_seed))
+    report = evaluate(model, tokens)          # accuracy and share on the running maximum, with and without mask
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import causal_mask
+from .masking import masked_softmax
+
+__all__ = ["RunningMaxConfig", "running_max_batch", "running_max", "TinySelfAttention", "make_model", "train_running_max",
+           "share_on_running_max", "evaluate", "score_table", "key_ranking", "share_words"]
+
+
+@dataclass(frozen=True)
+class RunningMaxConfig:
+    """The task, the model and its training (about two seconds on one CPU thread).
+
+    ``n_digits`` tokens 0..n_digits-1, sequences of ``seq_len``; embeddings of ``d_model``, queries, keys and values
+    of ``d_k``; ``steps`` Adam steps at ``lr`` on fresh batches of ``batch_size``; ``seed`` fixes the initial weights
+    and the training data, ``test_seed`` the ``n_test`` test sequences. Training runs on ``threads`` torch threads,
+    so that two builds give identical numbers.
+    """
+
+    n_digits: int = 10
+    seq_len: int = 8
+    d_model: int = 16
+    d_k: int = 16
+    steps: int = 400
+    batch_size: int = 64
+    lr: float = 0.01
+    seed: int = 0
+    test_seed: int = 1
+    n_test: int = 1000
+    threads: int = 1
+
+    def __post_init__(self):
+        for name in ("n_digits", "seq_len", "d_model", "d_k", "steps", "batch_size", "n_test", "threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.n_digits < 2:
+            raise ValueError(f"n_digits must be at least 2, got {self.n_digits}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be positive and finite, got {self.lr}")
+
+
+def running_max_batch(batch: int, cfg: RunningMaxConfig, generator: torch.Generator) -> Tensor:
+    """``batch`` sequences of uniformly drawn digits: int64 ``(batch, cfg.seq_len)`` in ``0..cfg.n_digits - 1``."""
+    return torch.randint(cfg.n_digits, (batch, cfg.seq_len), generator=generator)
+
+
+def running_max(tokens: Tensor) -> Tensor:
+    """The target: at each position, the largest digit up to and including it. ``(batch, n)`` int64 in and out."""
+    return tokens.cummax(dim=-1).values
+
+
+class TinySelfAttention(nn.Module):
+    """Embedding, one head of self-attention ({eq}`eq-sdpa` with {eq}`eq-qkv-projections`), a linear read-out.
+
+    ``forward(tokens, causal=True)``: int64 ``(batch, n)`` -> logits float32 ``(batch, n, n_digits)``. The weights
+    of the last call are kept in ``attention_weights`` ``(batch, n, n)``. No positions, no residual connection:
+    the prediction at position i is ``out(sum_j a_ij v_j)``.
+    """
+
+    def __init__(self, n_digits: int, d_model: int, d_k: int):
+        super().__init__()
+        self.embed = nn.Embedding(n_digits, d_model)
+        self.W_Q = nn.Linear(d_model, d_k, bias=False)
+        self.W_K = nn.Linear(d_model, d_k, bias=False)
+        self.W_V = nn.Linear(d_model, d_k, bias=False)
+        self.out = nn.Linear(d_k, n_digits)
+        self.attention_weights: Tensor | None = None
+
+    def scores(self, tokens: Tensor) -> Tensor:
+        """``Q K^T / sqrt(d_k)`` of ``tokens`` ``(batch, n)``: float32 ``(batch, n, n)``, before any mask."""
+        x = self.embed(tokens)
+        q, k = self.W_Q(x), self.W_K(x)
+        return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+
+    def forward(self, tokens: Tensor, causal: bool = True) -> Tensor:
+        scores = self.scores(tokens)
+        mask = causal_mask(tokens.shape[-1], device=tokens.device) if causal else None
+        self.attention_weights = masked_softmax(scores, mask)
+        return self.out(self.attention_weights @ self.W_V(self.embed(tokens)))
+
+
+def make_model(cfg: RunningMaxConfig) -> TinySelfAttention:
+    """The untrained model of ``cfg``: torch's default initialization after ``torch.manual_seed(cfg.seed)`` (the
+    starting point of :func:`train_running_max`)."""
+    torch.manual_seed(cfg.seed)
+    return TinySelfAttention(cfg.n_digits, cfg.d_model, cfg.d_k)
+
+
+def train_running_max(cfg: RunningMaxConfig) -> tuple[TinySelfAttention, list[float]]:
+    """Train :class:`TinySelfAttention` with the causal mask on fresh batches (cross-entropy at every position).
+
+    Returns the model (in eval mode) and the loss of every step. Deterministic: the same ``cfg`` gives the same
+    weights, bitwise, on the same machine (``cfg.threads`` torch threads during training; the caller's number is
+    restored).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        model = make_model(cfg)
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        data = torch.Generator().manual_seed(cfg.seed)
+        losses = []
+        for _ in range(cfg.steps):
+            tokens = running_max_batch(cfg.batch_size, cfg, data)
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.flatten(0, 1), running_max(tokens).flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval(), losses
+
+
+def share_on_running_max(weights: Tensor, tokens: Tensor, skip_first: bool = True) -> float:
+    """The mean share of each query's weight that lies on the positions holding the running maximum.
+
+    Args:
+        weights: ``(batch, n, n)`` attention weights, rows = queries.
+        tokens: int64 ``(batch, n)``, the digits.
+        skip_first: leave out the first query, whose only allowed key under the causal mask is itself.
+
+    For query i the expected keys are the positions ``j <= i`` whose digit equals the running maximum at i (several
+    when the largest digit occurs more than once). Returns a float in ``[0, 1]``.
+
+    Raises:
+        ValueError: the shapes do not fit (the message gives both), or ``skip_first`` leaves no query.
+    """
+    if weights.dim() != 3 or tokens.shape != weights.shape[:2] or weights.shape[1] != weights.shape[2]:
+        raise ValueError(f"weights must be (batch, n, n) and tokens (batch, n); got weights {tuple(weights.shape)}"
+                         f" and tokens {tuple(tokens.shape)}")
+    n = tokens.shape[1]
+    if skip_first and n < 2:
+        raise ValueError("skip_first needs sequences of at least 2 tokens")
+    target = running_max(tokens)                                       # (batch, n)
+    expected = (tokens[:, None, :] == target[:, :, None]) & causal_mask(n, device=tokens.device)
+    share = (weights * expected).sum(-1)                               # (batch, n)
+    return float(share[:, 1:].mean() if skip_first else share.mean())
+
+
+@torch.no_grad()
+def evaluate(model: TinySelfAttention, tokens: Tensor) -> dict[str, float]:
+    """Accuracy (share of positions whose running maximum is predicted) and :func:`share_on_running_max`, with the
+    causal mask the model was trained with and without it. Keys: ``accuracy``, ``share``, ``accuracy_no_mask``,
+    ``share_no_mask``."""
+    target = running_max(tokens)
+    out = {}
+    for suffix, causal in (("", True), ("_no_mask", False)):
+        logits = model(tokens, causal=causal)
+        out[f"accuracy{suffix}"] = float((logits.argmax(-1) == target).float().mean())
+        out[f"share{suffix}"] = share_on_running_max(model.attention_weights, tokens)
+    model(tokens)  # leave the weights of the masked call behind
+    return out
+
+
+@torch.no_grad()
+def score_table(model: TinySelfAttention) -> np.ndarray:
+    """The trained scores ``q(a)^T k(b) / sqrt(d_k)`` of a query digit ``a`` (rows) against a key digit ``b``
+    (columns): float64 ``(n_digits, n_digits)``. Without positions, a score depends on the two digits only."""
+    digits = torch.arange(model.embed.num_embeddings)
+    return model.scores(digits[None])[0].double().numpy()
+
+
+def share_words(share: float) -> str:
+    """A share in words for prose: "all", "nearly all" (>= 0.95), "most" (> 0.5), "about half" (0.45 to 0.5),
+    "less than half", or "none".
+
+    Raises:
+        ValueError: ``share`` is not in [0, 1].
+    """
+    if not 0 <= share <= 1:
+        raise ValueError(f"share must be in [0, 1], got {share}")
+    if share == 1:
+        return "all"
+    if share >= 0.95:
+        return "nearly all"
+    if share > 0.5:
+        return "most"
+    if share >= 0.45:
+        return "about half"
+    return "none" if share == 0 else "less than half"
+
+
+def key_ranking(table: np.ndarray) -> dict[str, float]:
+    """What a :func:`score_table` says about the keys, for the chapter's sentences.
+
+    Returns ``rising``: the number of query digits ``a`` for which the score rises strictly with the key's digit
+    from ``a`` up to the largest digit (the keys a running maximum can choose between); ``n_queries``: the number
+    of query digits; ``top_gap``: the mean, over query digits below the largest, of the score of the largest digit
+    minus that of the next one (in the units of the scaled scores).
+
+    Raises:
+        ValueError: ``table`` is not square, or smaller than 2 x 2.
+    """
+    table = np.asarray(table, dtype=float)
+    if table.ndim != 2 or table.shape[0] != table.shape[1] or table.shape[0] < 2:
+        raise ValueError(f"table must be square and at least 2 x 2, got shape {table.shape}")
+    n = table.shape[0]
+    rising = sum(bool(np.all(np.diff(table[a, a:]) > 0)) for a in range(n))
+    return {"rising": rising, "n_queries": n, "top_gap": float(np.mean(table[:-1, -1] - table[:-1, -2]))}

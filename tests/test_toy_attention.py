@@ -1,0 +1,122 @@
+"""attnbook.toy_attention (chapter 3, section "A trained head: the largest digit so far"): the model's head against
+torch's fused attention with a causal mask, the target against a plain Python running maximum, the share of weight
+on the right positions on hand-built weights (ties and the first row included), the key ranking and the words at
+their edges, that training is deterministic and learns the task, and every error path."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnbook import toy_attention as toy
+
+SMALL = toy.RunningMaxConfig(steps=5, batch_size=8, n_test=16)
+
+
+def test_running_max_equals_a_python_running_maximum():
+    tokens = toy.running_max_batch(20, SMALL, torch.Generator().manual_seed(0))
+    assert tokens.shape == (20, SMALL.seq_len) and tokens.dtype == torch.int64
+    assert 0 <= tokens.min() and tokens.max() < SMALL.n_digits
+    expected = [list(itertools.accumulate(row, max)) for row in tokens.tolist()]
+    assert toy.running_max(tokens).tolist() == expected
+
+
+def test_the_head_is_torch_sdpa_with_a_causal_mask():
+    model = toy.make_model(SMALL)
+    tokens = toy.running_max_batch(4, SMALL, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        x = model.embed(tokens)
+        q, k, v = model.W_Q(x), model.W_K(x), model.W_V(x)
+        for causal in (True, False):
+            logits = model(tokens, causal=causal)
+            reference = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            torch.testing.assert_close(logits, model.out(reference), rtol=1e-5, atol=1e-6)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(SMALL.d_k)
+            if causal:
+                upper = torch.ones(SMALL.seq_len, SMALL.seq_len, dtype=torch.bool).triu(1)
+                scores = scores.masked_fill(upper, -math.inf)
+            torch.testing.assert_close(model.attention_weights, scores.softmax(-1), rtol=1e-5, atol=1e-6)
+    table = toy.score_table(model)
+    assert table.shape == (SMALL.n_digits, SMALL.n_digits) and table.dtype == np.float64
+
+
+def test_training_is_deterministic_and_restores_the_thread_count():
+    threads = torch.get_num_threads()
+    a, losses_a = toy.train_running_max(SMALL)
+    b, losses_b = toy.train_running_max(SMALL)
+    assert torch.get_num_threads() == threads
+    assert losses_a == losses_b and len(losses_a) == SMALL.steps
+    for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(p, q), name
+    assert not a.training
+
+
+def test_the_default_training_learns_the_task():
+    cfg = toy.RunningMaxConfig()
+    model, _ = toy.train_running_max(cfg)
+    tokens = toy.running_max_batch(cfg.n_test, cfg, torch.Generator().manual_seed(cfg.test_seed))
+    report = toy.evaluate(model, tokens)
+    assert report["accuracy"] > 0.95 and report["share"] > 0.9
+    assert report["share_no_mask"] < report["share"] and report["accuracy_no_mask"] < report["accuracy"]
+    ranking = toy.key_ranking(toy.score_table(model))
+    assert ranking["rising"] == cfg.n_digits and ranking["top_gap"] > 0
+
+
+def test_share_on_running_max_on_hand_built_weights():
+    tokens = torch.tensor([[3, 1, 4, 4]])  # running maximum 3 3 4 4; the 4 appears twice
+    one_hot = torch.tensor([[[1.0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0.5, 0.5]]])
+    assert toy.share_on_running_max(one_hot, tokens) == 1.0
+    uniform = torch.tril(torch.ones(4, 4))
+    uniform = (uniform / uniform.sum(-1, keepdim=True))[None]
+    # rows 2..4 put 1/2, 1/3 and 2/4 on positions holding the running maximum; the first row is left out
+    assert toy.share_on_running_max(uniform, tokens) == pytest.approx((1 / 2 + 1 / 3 + 2 / 4) / 3)
+    assert toy.share_on_running_max(uniform, tokens, skip_first=False) == pytest.approx((1 + 1 / 2 + 1 / 3 + 2 / 4) / 4)
+    # weight on a later position never counts, even when it holds a larger digit
+    ahead = torch.tensor([[[0, 0, 1.0, 0], [0, 0, 1, 0], [0, 0, 1, 0], [0, 0, 1, 0]]])
+    assert toy.share_on_running_max(ahead, tokens, skip_first=False) == pytest.approx(0.5)
+
+
+def test_share_on_running_max_errors():
+    with pytest.raises(ValueError, match=r"weights must be \(batch, n, n\) and tokens \(batch, n\); got weights "
+                                         r"\(1, 3, 3\) and tokens \(1, 4\)"):
+        toy.share_on_running_max(torch.ones(1, 3, 3), torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="skip_first needs sequences of at least 2 tokens"):
+        toy.share_on_running_max(torch.ones(1, 1, 1), torch.zeros(1, 1, dtype=torch.long))
+
+
+def test_key_ranking_at_its_edges():
+    rising = np.add.outer(np.zeros(3), [0.0, 1.0, 3.0])
+    assert toy.key_ranking(rising) == {"rising": 3, "n_queries": 3, "top_gap": 2.0}
+    flat = np.zeros((3, 3))  # no rise anywhere; the last query digit has one key only, which counts as rising
+    assert toy.key_ranking(flat) == {"rising": 1, "n_queries": 3, "top_gap": 0.0}
+    falling = -rising
+    assert toy.key_ranking(falling)["top_gap"] == -2.0
+    with pytest.raises(ValueError, match=r"table must be square and at least 2 x 2, got shape \(2, 3\)"):
+        toy.key_ranking(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"got shape \(1, 1\)"):
+        toy.key_ranking(np.zeros((1, 1)))
+
+
+@pytest.mark.parametrize("share,words", [(1.0, "all"), (0.96, "nearly all"), (0.95, "nearly all"), (0.7, "most"),
+                                         (0.5, "about half"), (0.45, "about half"), (0.2, "less than half"),
+                                         (0.0, "none")])
+def test_share_words(share, words):
+    assert toy.share_words(share) == words
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5, float("nan")])
+def test_share_words_errors(share):
+    with pytest.raises(ValueError, match="share must be in"):
+        toy.share_words(share)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"n_digits": 1}, "n_digits must be at least 2, got 1"), ({"seq_len": 0}, "seq_len must be a positive int, got 0"),
+    ({"d_k": 2.0}, "d_k must be a positive int, got 2.0"), ({"steps": True}, "steps must be a positive int, got True"),
+    ({"lr": 0.0}, "lr must be positive and finite, got 0.0"), ({"lr": math.inf}, "lr must be positive and finite")])
+def test_config_errors(change, message):
+    with pytest.raises(ValueError, match=message):
+        toy.RunningMaxConfig(**change)
