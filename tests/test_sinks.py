@@ -269,7 +269,7 @@ def test_fully_masked_row_measures_each_implementation():
     ours = table[table["implementation"].str.startswith("attnbook")]
     assert len(ours) == 6 and (ours["output"] == "zeros").all() and (ours["weights"] != "NaN").all()
     sdpa = table[table["implementation"] == "torch F.scaled_dot_product_attention"]
-    assert len(sdpa) == 2 and (sdpa["output"] == "zeros").all()  # pytorch PR #131060 (torch >= 2.5)
+    assert len(sdpa) == 2 and (sdpa["output"] == "zeros").all()  # pytorch PR #133882 (torch >= 2.5)
     flash = table[table["implementation"].str.startswith("FlashAttention")].iloc[0]
     assert flash["output"] == "zeros" and flash["lse"] == float("-inf")
     sink = table[table["implementation"].str.startswith("softmax_one")].iloc[0]

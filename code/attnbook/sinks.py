@@ -4,7 +4,7 @@ Explained in chapter 9, section "Attending to nowhere" (issue 21, section 4). A 
 query must put all of its weight *somewhere*, even when no key is relevant. Two situations follow:
 
 - **A fully masked row** (no key takes part) has no defined softmax. Implementations choose: torch's fused
-  ``F.scaled_dot_product_attention`` returns 0 (pytorch PR #131060, torch >= 2.5), ``nn.MultiheadAttention``
+  ``F.scaled_dot_product_attention`` returns 0 (pytorch PR #133882, torch >= 2.5), ``nn.MultiheadAttention``
   returns NaN on some of its paths (pytorch issue #160064), attnbook's attention returns zeros, and
   FlashAttention's epilogue returns 0 (its row sum is 0, so it divides by 1 instead). :func:`fully_masked_row`
   measures what each does in the installed torch; :func:`online_softmax_rule` is FlashAttention's rule in a few
@@ -33,13 +33,17 @@ Windows and caches (chapter 9, section "Sliding windows, and sinks in a cache"):
 causal sliding-window mask (bool, True = takes part), combined with a key padding mask by ``&``;
 :func:`streaming_cache_keep` says which cache entries to keep when a cache is trimmed to sinks plus a window
 (StreamingLLM, Xiao et al.), counting the sinks from the first *real* token of each row, so that left padding does
-not push them out.
+not push them out. :class:`SinkCache` and :func:`streaming_generate` are StreamingLLM's cache for a rotary
+decoder: keys stored *before* the rotation and rotated when they are read, by their slot in the trimmed cache
+(``renumber=True``, what Xiao et al. do) or by their original position (``renumber=False``: what trimming a cache of
+rotated keys, such as :class:`attnbook.generation.LayerCache`, amounts to).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple
 
 import pandas as pd
 import torch
@@ -51,7 +55,8 @@ from .attention import (MultiHeadAttention, _check_dropout, _check_mask, _check_
 from .masking import check_bool_mask, check_int
 
 __all__ = ["sink_softmax", "softmax_one", "sink_attention", "SinkMultiHeadAttention", "online_softmax_rule",
-           "fully_masked_row", "sliding_window_mask", "streaming_cache_keep"]
+           "fully_masked_row", "sliding_window_mask", "streaming_cache_keep", "SinkCache", "streaming_step",
+           "streaming_generate"]
 
 
 # ----------------------------------------------------------------------------------------------- weighting
@@ -355,7 +360,7 @@ def fully_masked_row(seed: int = 0, embed_dim: int = 8, num_heads: int = 2, n_ke
         projection has bias 0, so a zero context gives a zero output); ``grad`` is whether autograd was enabled
         (``nn.MultiheadAttention`` takes its fused fast path only in eval mode with autograd off).
 
-    Chapter 9, section "Attending to nowhere"; pytorch PR #131060 (SDPA returns 0) and issue #160064
+    Chapter 9, section "Attending to nowhere"; pytorch PR #133882 (SDPA returns 0) and issue #160064
     (``nn.MultiheadAttention`` returns NaN).
     """
     g = torch.Generator().manual_seed(seed)
@@ -496,3 +501,148 @@ def streaming_cache_keep(padding_mask: Tensor, n_sink: int, window: int) -> Tens
     rank = padding_mask.long().cumsum(1) - 1                        # rank of each real token in its row
     n_real = padding_mask.sum(1, keepdim=True)
     return padding_mask & ((rank < n_sink) | (rank >= n_real - window))
+
+
+# ----------------------------------------------------------------------------------------------- StreamingLLM's cache
+class SinkCache(NamedTuple):
+    """StreamingLLM's cache for a rotary decoder: per layer the keys *before* the rotation and the values, ``(batch,
+    nhead, t, head_dim)`` each, with the original ``positions`` ``(t,)`` int64 of the ``t`` cached tokens and the
+    number of tokens ``seen`` so far. Rows have no padding (one stream per row, all of the same length).
+
+    Chapter 9, section "Sliding windows, and sinks in a cache"."""
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+    positions: Tensor
+    seen: int
+
+
+def _check_streaming_model(model: object) -> None:
+    from .generation import DecoderOnlyLM
+
+    if not isinstance(model, DecoderOnlyLM):
+        raise TypeError(f"model must be an attnbook.generation.DecoderOnlyLM, got {type(model).__name__}")
+    if model.positional != "rope":
+        raise ValueError("StreamingLLM renumbers positions inside the cache, which only rotary positions allow "
+                         f"(they enter at attention time); got positional={model.positional!r}")
+
+
+def streaming_step(model: nn.Module, tokens: Tensor, cache: SinkCache | None, n_sink: int, window: int, *,
+                   renumber: bool = True) -> tuple[Tensor, SinkCache]:
+    """Feed one token per row to a rotary decoder through a cache trimmed to sinks plus a window (StreamingLLM).
+
+    The new token's key and value (unrotated) are appended to each layer's cache, the cache is trimmed to its
+    first ``n_sink`` and last ``window`` entries, and the new token's query attends to what is left. Queries and
+    keys are rotated at this moment: with ``renumber=True`` by their slot in the trimmed cache (``0 .. t - 1``, the
+    query last), as Xiao et al. do, so that no query-key distance exceeds ``n_sink + window - 1``; with
+    ``renumber=False`` by their original positions, which is what trimming a cache of rotated keys gives.
+
+    Args:
+        model: an :class:`attnbook.generation.DecoderOnlyLM` with ``positional="rope"`` (put in eval mode).
+        tokens: int64 ``(batch,)``, one new token per row.
+        cache: from the previous step, or ``None`` for the first token.
+        n_sink: first tokens kept (Xiao et al. use 4), ``>= 0``.
+        window: most recent tokens kept, the new one included, ``>= 1``.
+        renumber: see above.
+
+    Returns:
+        ``(logits (batch, vocab), cache)``. While at most ``n_sink + window`` tokens have been fed nothing is
+        trimmed, and the logits are the model's ordinary ones.
+
+    Raises:
+        TypeError: ``model`` not a ``DecoderOnlyLM``, ``cache`` not a :class:`SinkCache`, ``renumber`` not a
+            bool. ValueError: not rotary positions, ``tokens`` not ``(batch,)``, sizes out of range.
+
+    Xiao et al. (2024), "Efficient streaming language models with attention sinks", section 3.2 ("when determining
+    the relative distance and adding positional information to tokens, StreamingLLM focuses on positions within
+    the cache rather than those in the original text"). Chapter 9, section "Sliding windows, and sinks in a cache".
+    """
+    from .transformer import rotary_embedding
+
+    _check_streaming_model(model)
+    n_sink = check_int(n_sink, "n_sink", 0)
+    window = check_int(window, "window", 1)
+    if not isinstance(renumber, bool):
+        raise TypeError(f"renumber must be True or False, got {renumber!r}")
+    if not isinstance(tokens, Tensor) or tokens.dim() != 1:
+        raise ValueError(f"tokens must be (batch,) int64, one token per row, got "
+                         f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+    if cache is not None and not isinstance(cache, SinkCache):
+        raise TypeError(f"cache must be a SinkCache or None, got {type(cache).__name__}")
+    layers = model.stack.layers
+    seen = 0 if cache is None else cache.seen
+    old_positions = tokens.new_zeros(0) if cache is None else cache.positions
+    positions = torch.cat([old_positions, torch.tensor([seen], device=tokens.device)])
+    t = len(positions)
+    keep = torch.tensor(sorted(set(range(min(n_sink, t))) | set(range(max(t - window, 0), t))), device=tokens.device)
+    positions = positions[keep]
+    rotate_by = torch.arange(len(keep), device=tokens.device) if renumber else positions
+    x = model.embedding(tokens[:, None])                                         # rotary: no added positions
+    keys, values = [], []
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+
+        def attend(h, i=i, attn=attn):
+            k = attn._split(attn.k_proj(h))
+            v = attn._split(attn.v_proj(h))
+            if cache is not None:
+                k, v = torch.cat([cache.keys[i], k], 2), torch.cat([cache.values[i], v], 2)
+            k, v = k[:, :, keep], v[:, :, keep]
+            keys.append(k)
+            values.append(v)
+            q = rotary_embedding(attn._split(attn.q_proj(h)), rotate_by[-1:], base=attn.rope_base)
+            out = scaled_dot_product_attention(q, rotary_embedding(k, rotate_by, base=attn.rope_base), v)
+            return layer.dropout1(attn.out_proj(out.transpose(1, 2).flatten(-2)))
+
+        if layer.norm_first:
+            x = x + attend(layer.norm1(x))
+            x = x + layer._ff_block(layer.norm2(x))
+        else:
+            x = layer.norm1(x + attend(x))
+            x = layer.norm2(x + layer._ff_block(x))
+    if model.stack.norm is not None:
+        x = model.stack.norm(x)
+    return model.out(x)[:, 0], SinkCache(tuple(keys), tuple(values), positions, seen + 1)
+
+
+@torch.no_grad()
+def streaming_generate(model: nn.Module, ids: Tensor, max_new_tokens: int, n_sink: int, window: int, *,
+                       renumber: bool = True) -> tuple[Tensor, Tensor]:
+    """Greedy generation through StreamingLLM's cache: the prompt is fed one token at a time (so that it is
+    trimmed as a stream is), then ``max_new_tokens`` tokens are generated (:func:`streaming_step`).
+
+    Args:
+        model: a rotary :class:`attnbook.generation.DecoderOnlyLM` (eval mode for the call, then restored).
+        ids: int64 ``(batch, T)`` prompts, ``T >= 1``, no padding.
+        max_new_tokens: ``>= 1``.
+        n_sink, window, renumber: as in :func:`streaming_step`.
+
+    Returns:
+        ``(tokens (batch, max_new_tokens), logits (batch, T + max_new_tokens - 1, vocab))``: the logits after every
+        token fed but the last generated one.
+
+    Raises:
+        as :func:`streaming_step`; ValueError: ``ids`` not ``(batch, T >= 1)``, ``max_new_tokens < 1``.
+
+    Xiao et al. (2024), section 3.2. Chapter 9, section "Sliding windows, and sinks in a cache".
+    """
+    _check_streaming_model(model)
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"ids must be (batch, T) with T >= 1, got "
+                         f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
+    was_training = model.training
+    model.eval()
+    try:
+        cache, logits, new = None, [], []
+        for column in ids.unbind(1):
+            step, cache = streaming_step(model, column, cache, n_sink, window, renumber=renumber)
+            logits.append(step)
+        for i in range(max_new_tokens):
+            new.append(logits[-1].argmax(-1))
+            if i + 1 < max_new_tokens:
+                step, cache = streaming_step(model, new[-1], cache, n_sink, window, renumber=renumber)
+                logits.append(step)
+    finally:
+        model.train(was_training)
+    return torch.stack(new, 1), torch.stack(logits, 1)
