@@ -550,3 +550,92 @@ def test_explanation_verdict_is_limited_to_the_model_tested():
         ex.explanation_verdict(True, True, "loosely", True, True)
     with pytest.raises(ValueError, match="word of tau_word"):
         ex.explanation_verdict(False, False, "somewhat", True, True)
+
+
+def test_explanation_verdict_with_reliance():
+    relies = ex.explanation_verdict(False, False, "closely", True, False, relies=True)
+    assert "Its predictions rest on its weights." in relies
+    assert "The task does not need them: its uniform twin is as accurate, within test-set noise." in relies
+    assert "point to tokens that matter, but they are not the only weights" in relies
+    worse = ex.explanation_verdict(False, True, "moderately", False, False, relies=True)
+    assert "its uniform twin is more accurate." in worse and "Very different weights" not in worse
+    idle = ex.explanation_verdict(False, False, "hardly", True, True, relies=False)
+    assert "do not rest on its weights" in idle and "not, by themselves, a faithful account" in idle
+    ahead = ex.explanation_verdict(True, False, "loosely", True, False, relies=True)
+    assert "it beats its uniform twin" in ahead and "The task does not need" not in ahead
+
+
+def test_embedding_twins_start_alike_and_the_twin_is_uniform(ex_data):
+    cfg = replace(EX_CFG, bag_epochs=1, bag_batch_size=20)
+    (model, history), (uniform, uniform_history) = ex.train_embedding_twins(cfg, ex_data)
+    assert isinstance(model, AttentionClassifier) and model.encoder_kind == "none" and uniform.uniform
+    assert list(history.epoch) == [1] and history.test_acc.iloc[0] == ex.accuracy(model, ex_data["test"])
+    ids = torch.from_numpy(ex_data["test"]["ids"][:4]).long()
+    lengths = torch.from_numpy(ex_data["test"]["lengths"][:4])
+    with torch.no_grad():
+        _, weights = uniform(ids, lengths)
+    expected = (torch.arange(ids.shape[1])[None] < lengths[:, None]) / lengths[:, None]
+    assert torch.allclose(weights, expected.float())
+    again, _ = ex.train_embedding_classifier(cfg, ex_data)                # seeded: the same model again
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_uniform_reliance_against_a_direct_count(ex_data):
+    torch.manual_seed(0)
+    model = AttentionClassifier(ex_data["vocab_size"], embed_size=8, attention_size=4, encoder="none").eval()
+    with torch.no_grad():
+        model.attention.w_v.weight.mul_(50)                               # peaked weights
+    part = ex_data["test"]
+    got = ex.uniform_reliance(model, part, batch_size=7)
+    ids, lengths = torch.from_numpy(part["ids"]).long(), torch.from_numpy(part["lengths"])
+    with torch.no_grad():
+        own, _ = model(ids, lengths)
+        mean = (model.embed(ids) * (torch.arange(ids.shape[1])[None] < lengths[:, None])[..., None]).sum(1)
+        even = model.out(mean / lengths[:, None]).squeeze(-1)             # the mean of the real embeddings
+    assert got["n"] == len(lengths)
+    assert got["flip_share"] == pytest.approx(((own > 0) != (even > 0)).float().mean().item())
+    assert got["mean_abs_change"] == pytest.approx((own.sigmoid() - even.sigmoid()).abs().mean().item(), abs=1e-6)
+    twin = AttentionClassifier(ex_data["vocab_size"], embed_size=8, encoder="none", uniform=True)
+    assert ex.uniform_reliance(twin, part) == {"flip_share": 0.0, "mean_abs_change": 0.0, "n": len(lengths)}
+
+
+def test_reliance_sentence_at_its_edges():
+    assert ex.reliance_sentence(0.0).endswith("of none of the test reviews: its predictions do not rest on where "
+                                              "its attention goes.")
+    assert "of all of the test reviews: its predictions rest" in ex.reliance_sentence(1.0)
+    assert "of under 1% of the test reviews" in ex.reliance_sentence(0.001)
+    assert "of 41% of the test reviews" in ex.reliance_sentence(0.412)
+    with pytest.raises(ValueError, match="share must lie in"):
+        ex.reliance_sentence(1.5)
+
+
+def test_two_token_alternative_keeps_the_prediction(ex_data):
+    torch.manual_seed(1)
+    model = AttentionClassifier(ex_data["vocab_size"], embed_size=8, attention_size=4, encoder="none").eval()
+    ids = torch.from_numpy(ex_data["test"]["ids"][:1]).long()
+    lengths = torch.from_numpy(ex_data["test"]["lengths"][:1])
+    with torch.no_grad():
+        _, weights = model(ids, lengths)
+    alt = ex.two_token_alternative(model, ids, lengths, weights[0])
+    assert alt["p_alt"] == pytest.approx(alt["p_orig"], abs=1e-6)
+    assert int((alt["alternative"] > 0).sum()) <= 2 and alt["alternative"].sum() == pytest.approx(1.0)
+    assert alt["tv"] == pytest.approx(0.5 * (alt["alternative"][: int(lengths)] - weights[0, : int(lengths)])
+                                      .abs().sum().item())
+    with pytest.raises(ValueError, match=r"ids must be one review \(1, T\)"):
+        ex.two_token_alternative(model, ids.repeat(2, 1), lengths.repeat(2), weights)
+    same = torch.full_like(ids, int(ids[0, 0]))
+    with pytest.raises(ValueError, match="every token has the same u_t"):
+        ex.two_token_alternative(model, same, lengths, weights[0])
+
+
+@pytest.mark.parametrize("ratio, words", [(1.0, "equal"), (5.0, "less than one order of magnitude"),
+                                          (10.0, "about 1 order of magnitude"), (38479.0, "4 to 5 orders of magnitude"),
+                                          (1.2e5, "about 5 orders of magnitude"), (900.0, "about 3 orders of magnitude")])
+def test_orders_of_magnitude(ratio, words):
+    assert ex.orders_of_magnitude(ratio) == words
+
+
+def test_orders_of_magnitude_refuses_bad_ratios():
+    for bad in (0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="ratio must be a finite number >= 1"):
+            ex.orders_of_magnitude(bad)

@@ -92,6 +92,17 @@ class AttentionClassifier(nn.Module):
         """Token embeddings ``(B, T, embed_size)``."""
         return self.embedding(ids)
 
+    @property
+    def direction(self) -> Tensor:
+        """``v`` ``(state_size,)``: the logit is ``v . c + b`` for the pooled vector ``c = sum_t alpha_t h_t``, as
+        :attr:`BinaryView.direction` (chapter 7, section "The same prediction from different weights")."""
+        return self.out.weight[0]
+
+    @property
+    def bias(self) -> Tensor:
+        """``b`` (a 0-d tensor): the logit's constant."""
+        return self.out.bias[0]
+
     def _check_lengths(self, x: Tensor, lengths: object, x_name: str) -> Tensor:
         """``lengths`` checked against the rows of ``x`` (``(B, T, ...)``): shape ``(B,)``, integers in ``[1, T]``
         (``"bigru"``: packing needs a token) or ``[0, T]``."""

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.reviews import build_vocab, encode, load_reviews, split_reviews
-from ..interpret import BinaryView, gradient_importance, kendall_tau, leave_one_out_importance, permutation_effect
+from ..interpret import AttentionClassifier, BinaryView, gradient_importance, kendall_tau, leave_one_out_importance, permutation_effect
 from ..models import BiGRUClassifier
 from ..runtime import ModeConfig, get_device, get_mode, listing, plural, progress, run_tasks, seed_everything
 from ..stats import bootstrap_ci
@@ -60,7 +60,8 @@ __all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "train_tw
            "NEARLY_UNIFORM_RATIO", "attention_peaks", "uniformity_sentence", "twin_verdict", "interval_phrase",
            "twin_meaning",
            "tau_word", "TAU_BANDS", "tau_bands_sentence", "tau_above_half_sentence", "explanation_verdict",
-           "percent_of"]
+           "percent_of", "train_embedding_classifier", "train_embedding_twins", "uniform_reliance",
+           "reliance_sentence", "two_token_alternative", "orders_of_magnitude"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ class ExplanationConfig(ModeConfig):
     split_seed: int = 0
     seed: int = 0
     device: str = "cpu"
+    bag_epochs: int = 2
+    bag_lr: float = 1e-2
+    bag_batch_size: int = 50
 
     @classmethod
     def quick(cls) -> "ExplanationConfig":
@@ -577,7 +581,7 @@ def tau_above_half_sentence(n_attention: int, n_importance: int, total: int) -> 
 
 
 def explanation_verdict(learned_ahead: bool, uniform_ahead: bool, agreement: str, same_prediction: bool,
-                        nearly_uniform: bool) -> str:
+                        nearly_uniform: bool, relies: bool | None = None) -> str:
     """The verdict of chapter 7's section "So, is it an explanation?", limited to the model tested.
 
     Args:
@@ -585,6 +589,8 @@ def explanation_verdict(learned_ahead: bool, uniform_ahead: bool, agreement: str
         agreement: :func:`tau_word` of the better median tau between attention and an importance measure.
         same_prediction: very different weights were shown to give the same prediction.
         nearly_uniform: :func:`uniformity_sentence`'s flag.
+        relies: whether uniform weights put in place of the model's own change some of its predictions
+            (:func:`uniform_reliance`); ``None`` = not measured.
 
     Raises:
         ValueError: both ``learned_ahead`` and ``uniform_ahead``, or an unknown ``agreement``.
@@ -595,7 +601,13 @@ def explanation_verdict(learned_ahead: bool, uniform_ahead: bool, agreement: str
         raise ValueError(f"agreement must be a word of tau_word, got {agreement!r}")
     model = "this model, whose attention is nearly uniform" if nearly_uniform else "this model"
     parts = [f"The verdict holds for {model}."]
-    if learned_ahead:
+    if relies is not None:
+        parts.append("Its predictions rest on its weights." if relies else
+                     "Its predictions do not rest on its weights.")
+    if relies and not learned_ahead:
+        parts.append("The task does not need them: its uniform twin is "
+                     + ("more accurate." if uniform_ahead else "as accurate, within test-set noise."))
+    elif learned_ahead:
         parts.append("It uses its weights: it beats its uniform twin.")
     elif uniform_ahead:
         parts.append("It does not need its weights: its uniform twin is more accurate.")
@@ -608,12 +620,175 @@ def explanation_verdict(learned_ahead: bool, uniform_ahead: bool, agreement: str
         parts.append(f"The importance measures {agreement} confirm the weights' ranking.")
     if same_prediction:
         parts.append("Very different weights give the same prediction.")
-    if learned_ahead and agreement in ("moderately", "closely"):
+    if (learned_ahead or relies) and agreement in ("moderately", "closely"):
         parts.append("So its weights point to tokens that matter, but they are not the only weights that give its "
                      "predictions.")
     else:
         parts.append("So its weights are not, by themselves, a faithful account of why it decided as it did.")
     return " ".join(parts)
+
+
+def train_embedding_classifier(cfg: ExplanationConfig, data: dict, uniform: bool = False
+                               ) -> tuple[AttentionClassifier, pd.DataFrame]:
+    """Train the classifier whose attention sits directly on the word embeddings
+    (:class:`attnbook.interpret.AttentionClassifier` with ``encoder="none"``: the logit is
+    ``v . sum_t alpha_t e_t + b``), or its uniform twin (``uniform=True``: ``alpha_t = 1 / n``), on
+    ``data["train"]`` (:func:`prepare_reviews`). Nothing mixes the tokens before the pooling, so a weight on token
+    ``t`` is a weight on that word alone: the model of chapter 7, section "Is attention an explanation?".
+
+    Seeded by ``cfg.seed`` (initialization and batch order, so the twins start alike and see the same batches);
+    ``cfg.bag_epochs`` epochs of Adam at ``cfg.bag_lr`` on the binary cross-entropy, random batches of
+    ``cfg.bag_batch_size`` reviews (right-padded with id 0, masked).
+
+    Returns:
+        The model in eval mode and a DataFrame with one row per epoch: ``epoch``, ``train_loss``, ``test_acc``.
+
+    Raises:
+        ValueError: ``data`` lacks a part, or the sizes of ``cfg`` are not positive (from the model).
+    """
+    seed_everything(cfg.seed)
+    model = AttentionClassifier(data["vocab_size"], embed_size=cfg.embed_size, attention_size=cfg.attention_size,
+                                uniform=uniform, encoder="none").to(cfg.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.bag_lr)
+    train = data["train"]
+    ids = torch.from_numpy(np.ascontiguousarray(train["ids"])).long()
+    lengths = torch.from_numpy(np.ascontiguousarray(train["lengths"]))
+    labels = torch.from_numpy(np.ascontiguousarray(train["labels"])).float()
+    order = torch.Generator().manual_seed(cfg.seed)
+    rows = []
+    for epoch in range(cfg.bag_epochs):
+        model.train()
+        losses = []
+        for batch in torch.randperm(len(labels), generator=order).split(cfg.bag_batch_size):
+            logits, _ = model(ids[batch].to(cfg.device), lengths[batch].to(cfg.device))
+            loss = F.binary_cross_entropy_with_logits(logits, labels[batch].to(cfg.device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        rows.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)),
+                     "test_acc": accuracy(model, data["test"], cfg.device, cfg.eval_batch_size)})
+    return model.eval(), pd.DataFrame(rows)
+
+
+def train_embedding_twins(cfg: ExplanationConfig, data: dict
+                          ) -> tuple[tuple[AttentionClassifier, pd.DataFrame], tuple[AttentionClassifier, pd.DataFrame]]:
+    """The embedding classifier with learned attention and its uniform twin
+    (:func:`train_embedding_classifier`), one after the other: ``((model, history), (uniform, history))``."""
+    return train_embedding_classifier(cfg, data), train_embedding_classifier(cfg, data, uniform=True)
+
+
+@torch.no_grad()
+def uniform_reliance(model: nn.Module, part: dict, device: str | torch.device = "cpu", batch_size: int = 500
+                     ) -> dict:
+    """How much a trained model's predictions rest on its own attention weights: replace them, at test time and
+    with everything else kept, by uniform weights ``1 / n`` over each review's real tokens, and compare.
+
+    Args:
+        model: a model of :mod:`attnbook.interpret`'s protocol (or a BiGRUClassifier, seen through
+            :class:`~attnbook.interpret.BinaryView`).
+        part: a part of :func:`prepare_reviews` (``ids``, ``lengths``, ``labels``).
+
+    Returns:
+        ``{"flip_share": share of reviews whose predicted label changes, "mean_abs_change": mean |change| of
+        P(positive), "n": reviews}``.
+
+    Chapter 7, section "Is attention an explanation?" (the test that the model uses its weights, after
+    Jain and Wallace 2019).
+    """
+    view = _view(model).eval()
+    n = len(part["labels"])
+    flips, changes = np.zeros(n, dtype=bool), np.zeros(n)
+    for start in range(0, n, batch_size):
+        index = np.arange(start, min(start + batch_size, n))
+        ids, lengths, _ = masking._batch(part, index, "post")
+        ids, lengths = ids.to(device), lengths.to(device)
+        mask = torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]
+        uniform = mask / mask.sum(-1, keepdim=True).clamp(min=1)
+        own, _ = view(ids, lengths)
+        even, _ = view(ids, lengths, weights=uniform.to(own.dtype))
+        flips[index] = ((own > 0) != (even > 0)).cpu().numpy()
+        changes[index] = (torch.sigmoid(own) - torch.sigmoid(even)).abs().cpu().numpy()
+    return {"flip_share": float(flips.mean()), "mean_abs_change": float(changes.mean()), "n": n}
+
+
+def reliance_sentence(flip_share: float) -> str:
+    """One sentence on :func:`uniform_reliance`: "Replacing its weights by uniform ones, with everything else kept,
+    changes the predicted label of X of the test reviews." with X from :func:`percent_of` ("none", "under 1%",
+    "37%", "all"), and what that says.
+
+    Raises:
+        ValueError: ``flip_share`` outside [0, 1] or NaN (from :func:`percent_of`).
+    """
+    share = percent_of(flip_share)
+    opening = (f"Replacing its weights by uniform ones, with everything else kept, changes the predicted label of "
+               f"{share} of the test reviews")
+    if flip_share == 0:
+        return opening + ": its predictions do not rest on where its attention goes."
+    return opening + ": its predictions rest on where its attention goes."
+
+
+@torch.no_grad()
+def two_token_alternative(model: nn.Module, ids: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor
+                          ) -> dict:
+    """Very different attention weights with exactly the same prediction (Brunner et al. 2020): for one review, put
+    all the weight on two tokens, one whose ``u_t = v . h_t`` lies below the attention's value
+    ``sum_t alpha_t u_t`` and one above, mixed to hit it exactly.
+
+    Args:
+        model: a model of :mod:`attnbook.interpret`'s protocol with ``states``, ``embed`` and ``direction`` (an
+            :class:`~attnbook.interpret.AttentionClassifier`, or a BiGRUClassifier through ``BinaryView``).
+        ids: int64 ``(1, T)``; lengths: int64 ``(1,)``; weights: the model's own weights ``(T,)`` or ``(1, T)``.
+
+    Returns:
+        ``{"p_orig", "p_alt": P(positive) with the model's weights and with the alternative, "tv": the total
+        variation distance between the two weight vectors, "low", "high": the two tokens' positions,
+        "alternative": the weights (T,)}``.
+
+    Raises:
+        ValueError: ``ids`` is not one review, or every token has the same ``u_t`` (no two tokens bracket it).
+    """
+    view = _view(model).eval()
+    if ids.dim() != 2 or ids.shape[0] != 1 or lengths.shape != (1,):
+        raise ValueError(f"ids must be one review (1, T) with lengths (1,), got {tuple(ids.shape)} and "
+                         f"{tuple(lengths.shape)}")
+    n = int(lengths[0])
+    alpha = weights.reshape(-1)[:n]
+    u = view.states(view.embed(ids), lengths)[0, :n] @ view.direction
+    low, high = int(u.argmin()), int(u.argmax())
+    if u[high] == u[low]:
+        raise ValueError("every token has the same u_t = v . h_t: no two tokens bracket the attention's value")
+    target = (alpha * u).sum()
+    mix = (target - u[low]) / (u[high] - u[low])
+    alternative = torch.zeros(ids.shape[1], dtype=alpha.dtype)
+    alternative[low], alternative[high] = 1 - mix, mix
+    p_orig = torch.sigmoid(view(ids, lengths)[0])[0]
+    p_alt = torch.sigmoid(view(ids, lengths, weights=alternative[None])[0])[0]
+    tv = 0.5 * (alternative[:n] - alpha).abs().sum()
+    return {"p_orig": float(p_orig), "p_alt": float(p_alt), "tv": float(tv), "low": low, "high": high,
+            "alternative": alternative}
+
+
+def orders_of_magnitude(ratio: float) -> str:
+    """A ratio above 1 as "about N orders of magnitude" (N = log10 rounded), "N to N+1 orders of magnitude" when it
+    lies near the middle, "less than one order of magnitude" below 10, "equal" at 1. Chapter 7, section "How noisy
+    are the gradients?".
+
+    Raises:
+        ValueError: ``ratio`` is not finite or below 1.
+    """
+    if not np.isfinite(ratio) or ratio < 1:
+        raise ValueError(f"ratio must be a finite number >= 1, got {ratio}")
+    if ratio == 1:
+        return "equal"
+    exponent = float(np.log10(ratio))
+    if exponent < 1:
+        return "less than one order of magnitude"
+    whole = int(np.floor(exponent))
+    if 0.3 < exponent - whole < 0.7:
+        return f"{whole} to {whole + 1} orders of magnitude"
+    n = int(round(exponent))
+    return f"about {n} order{'s' if n != 1 else ''} of magnitude"
 
 
 if __name__ == "__main__":  # pragma: no cover
