@@ -31,10 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import CHECKS, OPTIONAL_CHECKS, audit
+from . import CAUSAL_CHECK, CHECKS, OPTIONAL_CHECKS, audit
 
-__all__ = ["Subject", "Cause", "SUBJECTS", "CAUSES", "MECHANISMS", "LIBRARIES", "VOCAB", "subject_names", "select",
-           "library_versions", "run_subject", "run_registry", "wide_table", "cell", "explain", "failures",
+__all__ = ["Subject", "Cause", "SUBJECTS", "CAUSES", "MECHANISMS", "ROOT_CAUSES", "CATEGORIES", "LIBRARIES", "VOCAB", "subject_names", "select",
+           "library_versions", "run_subject", "run_registry", "wide_table", "cell", "explain", "failures", "by_root_cause",
+           "EXPLAIN_COLUMNS",
            "not_reproduced", "d2l_masked_softmax"]
 
 Forward = Callable[[Tensor, Tensor], Tensor]
@@ -55,6 +56,10 @@ class Subject:
         build: ``build(seed) -> forward``: a fresh model, initialized from ``seed``.
         padding_side, output: passed to :func:`attnbook.audit.audit`.
         adapter: one line on what the adapter does (positions, path, mode).
+        mode: the one grad mode it is audited in (``"grad"``, ``"no_grad"`` or ``"inference_mode"``): the mode
+            the adapter itself sets, as its user would, so that each subject is one configuration and its failures
+            are counted once.
+        causal: the model is causal; the audit adds ``causal_left_padding``.
     """
 
     key: str
@@ -64,6 +69,8 @@ class Subject:
     padding_side: str = "right"
     output: str = "token"
     adapter: str = ""
+    mode: str = "no_grad"
+    causal: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,8 @@ class Cause:
         url: the upstream thread (issue or pull request) that reports it; ``""`` for the book's own models, whose
             failures are the book's experiments (``ref`` names the section).
         ref: a label of the book's section that shows it (for the book's own models).
+        root_cause: a key of :data:`ROOT_CAUSES`: failures of several subjects that one cause explains share it,
+            so that a summary counts the cause once.
     """
 
     kind: str
@@ -85,6 +94,7 @@ class Cause:
     why: str
     url: str = ""
     ref: str = ""
+    root_cause: str = ""
 
 
 #: How padding bugs happen (chapter 10, section "Why padding bugs happen").
@@ -94,6 +104,31 @@ MECHANISMS = {
     "path": "a second code path that takes another road",
     "overflow": "a constant that overflows",
     "refusal": "a row without tokens refused",
+}
+
+#: What a failure says about whom: the caller's side of a documented requirement, a library's contract for an
+#: input with no answer (the empty row), a library's or recipe's own behaviour, or one of the book's deliberately
+#: broken conditions.
+CATEGORIES = {
+    "caller": "the caller's documented requirement (the adapter leaves it out)",
+    "contract": "a contract for a row with no real token",
+    "library": "library or recipe behaviour",
+    "book": "the book's own conditions, broken on purpose",
+}
+
+#: ``{root_cause: (category, summary)}``: one entry per cause, however many subjects and checks it fails.
+ROOT_CAUSES = {
+    "empty-row-nan": ("contract", "a query with no key gets NaN (softmax of an all -inf row) where SDPA gives zeros"),
+    "left-padding-positions": ("caller", "left padding without position_ids from the mask: the pads shift "
+                                         "every real token's position"),
+    "causal-left-padding-nan": ("library", "causal mask plus left padding: the pads' queries see no key, get NaN "
+                                           "on the fast path, and spread it to every real token in the next layer"),
+    "cpu-autocast-fastpath": ("library", "the fast path runs under CPU autocast with fp32 weights and "
+                                         "half-precision inputs, and raises"),
+    "fp16-fill-overflow": ("library", "a mask fill of -1e6 overflows fp16 and an empty row becomes 0/0"),
+    "book-index-positions": ("book", "index positions under left padding (chapter 8's condition)"),
+    "book-unmasked": ("book", "no mask: the pads take part (chapters 5 and 8's condition)"),
+    "book-packed-empty-row": ("book", "the packed BiGRU refuses a row without a token"),
 }
 
 
@@ -154,6 +189,22 @@ def _torch_encoder(nested: bool) -> Callable[[int], Forward]:
                 return encoder(x, src_key_padding_mask=_key_padding(mask)).clone()
         return forward
     return build
+
+
+def _torch_encoder_causal(seed: int) -> Forward:
+    """nn.TransformerEncoder with the causal mask (``generate_square_subsequent_mask``) and the padding mask: a
+    decoder-only stack as people build it from torch's encoder."""
+    _seed(seed)
+    embed = nn.Embedding(VOCAB, D_MODEL)
+    layer = nn.TransformerEncoderLayer(D_MODEL, HEADS, FFN, dropout=0.0, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False).eval()
+
+    def forward(ids: Tensor, mask: Tensor) -> Tensor:
+        causal = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "mismatched src_key_padding_mask and mask" (bool and float)
+            return encoder(embed(ids), mask=causal, src_key_padding_mask=_key_padding(mask)).clone()
+    return forward
 
 
 def _torch_sdpa(seed: int) -> Forward:
@@ -332,23 +383,31 @@ def _book_bigru(masking: str) -> Callable[[int], Forward]:
 _MHA = "nn.MultiheadAttention"
 SUBJECTS: tuple[Subject, ...] = (
     Subject("torch-mha-weights-train", f"{_MHA}, need_weights=True, training", "torch", _torch_mha(True, True),
-            adapter="key_padding_mask=~mask; training mode, autograd on"),
+            adapter="key_padding_mask=~mask; training mode, autograd on", mode="grad"),
     Subject("torch-mha-weights-eval", f"{_MHA}, need_weights=True, eval", "torch", _torch_mha(True, False),
             adapter="key_padding_mask=~mask; eval mode under no_grad"),
     Subject("torch-mha-train", f"{_MHA}, need_weights=False, training", "torch", _torch_mha(False, True),
-            adapter="key_padding_mask=~mask; training mode: the SDPA path"),
+            adapter="key_padding_mask=~mask; training mode: the SDPA path", mode="grad"),
     Subject("torch-mha-fastpath", f"{_MHA}, need_weights=False, eval + no_grad", "torch", _torch_mha(False, False),
             adapter="key_padding_mask=~mask; eval mode under no_grad: the fused fast path"),
     Subject("torch-layer-train", "nn.TransformerEncoderLayer, training", "torch", _torch_layer(True),
-            adapter="src_key_padding_mask=~mask; training mode"),
+            adapter="src_key_padding_mask=~mask; training mode", mode="grad"),
     Subject("torch-layer-fastpath", "nn.TransformerEncoderLayer, eval + inference_mode", "torch",
-            _torch_layer(False), adapter="src_key_padding_mask=~mask; the fused fast path"),
+            _torch_layer(False), adapter="src_key_padding_mask=~mask; the fused fast path", mode="inference_mode"),
     Subject("torch-encoder-nested", "nn.TransformerEncoder, eval + inference_mode, nested tensors", "torch",
-            _torch_encoder(True), adapter="enable_nested_tensor=True: pads are dropped, then restored as zeros"),
+            _torch_encoder(True), adapter="enable_nested_tensor=True: pads are dropped, then restored as zeros",
+            mode="inference_mode"),
     Subject("torch-encoder-fastpath", "nn.TransformerEncoder, eval + inference_mode, no nested tensors", "torch",
-            _torch_encoder(False), adapter="enable_nested_tensor=False: the fast path on the padded batch"),
+            _torch_encoder(False), adapter="enable_nested_tensor=False: the fast path on the padded batch",
+            mode="inference_mode"),
+    Subject("torch-encoder-causal", "nn.TransformerEncoder, causal mask, eval, autograd on", "torch",
+            _torch_encoder_causal, adapter="mask=generate_square_subsequent_mask(L), src_key_padding_mask=~mask",
+            mode="grad", causal=True),
+    Subject("torch-encoder-causal-fastpath", "nn.TransformerEncoder, causal mask, eval + inference_mode", "torch",
+            _torch_encoder_causal, adapter="the same under inference_mode: the fused fast path",
+            mode="inference_mode", causal=True),
     Subject("torch-sdpa", "F.scaled_dot_product_attention, bool mask", "torch", _torch_sdpa,
-            adapter="attn_mask=mask[:, None, None, :] (True = takes part)"),
+            adapter="attn_mask=mask[:, None, None, :] (True = takes part)", mode="grad"),
     Subject("hf-bert-right", "BERT, right padding", "transformers", _hf("bert", False),
             adapter="BertModel.from config; attention_mask=mask"),
     Subject("hf-bert-left", "BERT, left padding, no position_ids", "transformers", _hf("bert", False), "left",
@@ -382,7 +441,7 @@ SUBJECTS: tuple[Subject, ...] = (
     Subject("xt-decoder-left-start", "x-transformers Decoder, left padding, seq_start_pos", "x-transformers",
             _x_transformers(True, True), "left", adapter="seq_start_pos = number of leading pads"),
     Subject("d2l-masked-softmax", "d2l masked softmax (fill -1e6), self-attention", "d2l", _d2l,
-            adapter="valid_lens = mask.sum(-1); right padding, as the recipe assumes"),
+            adapter="valid_lens = mask.sum(-1); right padding, as the recipe assumes", mode="grad"),
     Subject("book-transformer-right", "attnbook TransformerClassifier, masked, right padding", "attnbook",
             _book_transformer(True, "right", "index"), output="sequence", adapter="chapter 8's classifier"),
     Subject("book-transformer-left", "attnbook TransformerClassifier, masked, left padding, positions from "
@@ -410,48 +469,69 @@ _TORCH_NAN = ("the weights path takes a plain softmax of a row that is all -inf,
               "need_weights=False in training, returns zeros)")
 _FASTPATH_NAN = ("the fused fast path's masked softmax gives NaN for a query with no key, where the SDPA "
                  "fallback gives zeros")
-_AUTOCAST = ("the fast-path check asks torch.is_autocast_enabled(), which only sees CUDA's autocast, so under CPU "
-             "autocast the fused kernel gets fp32 weights and half-precision inputs, and raises")
+_CAUSAL_NAN = ("under the causal mask a left pad's query sees no key; the fused fast path gives it NaN, and in the "
+               "next layer that NaN, a masked key's value, reaches every real token (0 * NaN = NaN); the SDPA path, "
+               "with autograd on, gives zeros and passes")
+_AUTOCAST = ("the fast-path check misses CPU autocast, so the fused kernel gets fp32 weights and half-precision "
+             "inputs, and raises")
 _ABSOLUTE = "absolute positions count the pads, so left padding shifts every real token's position"
+_BERT_TIP = (_ABSOLUTE + "; BERT's documentation advises padding on the right")
+_GPT2 = (_ABSOLUTE + "; generate() passes position_ids from the mask, a direct call must (a maintainer called the "
+         "direct call's result a bug)")
+_XT = _ABSOLUTE + "; TransformerWrapper takes seq_start_pos (the number of leading pads) to shift them back"
 _D2L_FP16 = ("-1e6 is below fp16's range (-65504): the fill becomes -inf, and the valid_len = 0 row, uniform in "
              "fp32, becomes 0/0 = NaN")
 _UNMASKED_KEYS = "the pads take part in self-attention as keys"
 _ZERO_STATES = "the zero states of the pads get attention weight, which shrinks the pooled vector"
 _NO_PACK = ("the packed BiGRU cannot pack a sequence of length 0, so the classifier refuses a row without a token "
             "with a ValueError")
-_PT, _HF, _XT = ("https://github.com/pytorch/pytorch/", "https://github.com/huggingface/transformers/",
-                 "https://github.com/lucidrains/x-transformers/")
+_PT, _HF, _XTURL = ("https://github.com/pytorch/pytorch/", "https://github.com/huggingface/transformers/",
+                    "https://github.com/lucidrains/x-transformers/")
+_BERT_DOCS = "https://huggingface.co/docs/transformers/model_doc/bert"
+_D2L_BOOK = "https://d2l.ai/chapter_attention-mechanisms-and-transformers/attention-scoring-functions.html"
 
 
-def _shifted(url: str = "", ref: str = "") -> dict[str, Cause]:
+def _shifted(why: str = _ABSOLUTE, url: str = "", ref: str = "", kind: str = "by design",
+             root_cause: str = "left-padding-positions") -> dict[str, Cause]:
     """Left padding with index positions: batch_equivalence and extra_padding fail."""
-    cause = Cause("by design", "positions", _ABSOLUTE, url, ref)
+    cause = Cause(kind, "positions", why, url, ref, root_cause)
     return {"batch_equivalence": cause, "extra_padding": cause}
 
 
-#: ``CAUSES[subject_key][check]``: why that subject fails that check, with the upstream thread.
+_EMPTY_ROW_WEIGHTS = Cause("by design", "path", _TORCH_NAN, _PT + "issues/41508", root_cause="empty-row-nan")
+_EMPTY_ROW_FASTPATH = Cause("by design", "path", _FASTPATH_NAN, _PT + "pull/190486", root_cause="empty-row-nan")
+_CAUSAL = Cause("bug", "path", _CAUSAL_NAN, _PT + "pull/190486", root_cause="causal-left-padding-nan")
+
+#: ``CAUSES[subject_key][check]``: why that subject fails that check, with the upstream thread (or, where none
+#: exists, the documentation that states the requirement).
 CAUSES: dict[str, dict[str, Cause]] = {
-    "torch-mha-weights-train": {"empty_row": Cause("bug", "path", _TORCH_NAN, _PT + "issues/160064")},
-    "torch-mha-weights-eval": {"empty_row": Cause("bug", "path", _TORCH_NAN, _PT + "issues/160064")},
-    "torch-mha-fastpath": {"empty_row": Cause("bug", "path", _FASTPATH_NAN, _PT + "pull/190486")},
-    "torch-layer-fastpath": {"empty_row": Cause("bug", "path", _FASTPATH_NAN, _PT + "pull/190486")},
-    "torch-encoder-fastpath": {"empty_row": Cause("bug", "path", _FASTPATH_NAN, _PT + "pull/190486")},
-    "torch-encoder-nested": {"low_precision": Cause("bug", "path", _AUTOCAST, _PT + "pull/191916")},
-    "hf-bert-left": _shifted(_HF + "pull/20068"),
-    "hf-gpt2-left": _shifted(_HF + "issues/21080"),
-    "xt-encoder-left": _shifted(_XT + "issues/185"),
-    "xt-decoder-left": _shifted(_XT + "issues/185"),
+    "torch-mha-weights-train": {"empty_row": _EMPTY_ROW_WEIGHTS},
+    "torch-mha-weights-eval": {"empty_row": _EMPTY_ROW_WEIGHTS},
+    "torch-mha-fastpath": {"empty_row": _EMPTY_ROW_FASTPATH},
+    "torch-layer-fastpath": {"empty_row": _EMPTY_ROW_FASTPATH},
+    "torch-encoder-fastpath": {"empty_row": _EMPTY_ROW_FASTPATH},
+    "torch-encoder-causal-fastpath": {"empty_row": _EMPTY_ROW_FASTPATH, CAUSAL_CHECK: _CAUSAL},
+    "torch-encoder-nested": {"low_precision": Cause("bug", "path", _AUTOCAST, _PT + "issues/107663",
+                                                    root_cause="cpu-autocast-fastpath")},
+    "hf-bert-left": _shifted(_BERT_TIP, _BERT_DOCS),
+    "hf-gpt2-left": _shifted(_GPT2, _HF + "issues/21080", kind="bug"),
+    "xt-encoder-left": _shifted(_XT, _XTURL + "blob/main/x_transformers/x_transformers.py"),
+    "xt-decoder-left": _shifted(_XT, _XTURL + "issues/185"),
     "d2l-masked-softmax": {
-        "low_precision": Cause("recipe", "overflow", _D2L_FP16, "https://github.com/d2l-ai/d2l-en/pull/2423")},
-    "book-transformer-left-index": _shifted(ref="sec-tf-padding"),
+        "low_precision": Cause("recipe", "overflow", _D2L_FP16, _D2L_BOOK, root_cause="fp16-fill-overflow")},
+    "book-transformer-left-index": _shifted(ref="sec-tf-padding", root_cause="book-index-positions"),
     "book-transformer-unmasked": {
-        check: Cause("by design", "mask", _UNMASKED_KEYS, ref="sec-tf-padding")
+        check: Cause("by design", "mask", _UNMASKED_KEYS, ref="sec-tf-padding", root_cause="book-unmasked")
         for check in ("batch_equivalence", "extra_padding", "pad_content")},
-    "book-bigru-masked": {"empty_row": Cause("by design", "refusal", _NO_PACK, ref="sec-masking-answer")},
+    "book-bigru-masked": {"empty_row": Cause("by design", "refusal", _NO_PACK, ref="sec-masking-answer",
+                                             root_cause="book-packed-empty-row")},
     "book-bigru-unmasked": {
-        "batch_equivalence": Cause("by design", "mask", _ZERO_STATES, ref="sec-masking-answer"),
-        "extra_padding": Cause("by design", "mask", _ZERO_STATES, ref="sec-masking-answer"),
-        "empty_row": Cause("by design", "refusal", _NO_PACK, ref="sec-masking-answer")},
+        "batch_equivalence": Cause("by design", "mask", _ZERO_STATES, ref="sec-masking-answer",
+                                   root_cause="book-unmasked"),
+        "extra_padding": Cause("by design", "mask", _ZERO_STATES, ref="sec-masking-answer",
+                               root_cause="book-unmasked"),
+        "empty_row": Cause("by design", "refusal", _NO_PACK, ref="sec-masking-answer",
+                           root_cause="book-packed-empty-row")},
 }
 
 
@@ -500,13 +580,17 @@ def library_versions(libraries: Iterable[str] | None = None) -> dict[str, str]:
 
 
 def run_subject(subject: Subject, *, seed: int = 0, lengths: Sequence[int] = (7, 3, 12, 1),
-                optional: Iterable[str] = OPTIONAL_CHECKS, atol: float = 1e-5) -> pd.DataFrame:
-    """Build ``subject`` from ``seed`` and audit it: one row per check, with the columns of
-    :attr:`attnbook.audit.AuditReport.checks` and ``subject, name, library, seed, lengths, seconds`` in front."""
+                optional: Iterable[str] = OPTIONAL_CHECKS, atol: float | None = None, rtol: float | None = None,
+                modes: Sequence[str] | None = None, vocab_size: int = VOCAB, pad_id: int = 0) -> pd.DataFrame:
+    """Build ``subject`` from ``seed`` and audit it in its mode (``subject.mode``, unless ``modes`` is given; with
+    ``causal_left_padding`` when ``subject.causal``): one row per check and mode, with the columns of
+    :attr:`attnbook.audit.AuditReport.checks` and ``subject, name, library, seed, lengths`` in front, ``seconds`` at
+    the end. ``atol``/``rtol`` as in :func:`attnbook.audit.audit` (None: the output dtype's defaults)."""
     start = time.perf_counter()
     forward = subject.build(seed)
-    report = audit(forward, list(lengths), VOCAB, padding_side=subject.padding_side, output=subject.output,
-                   seed=seed, atol=atol, optional=list(optional))
+    report = audit(forward, list(lengths), vocab_size, padding_side=subject.padding_side, output=subject.output,
+                   pad_id=pad_id, seed=seed, atol=atol, rtol=rtol, optional=list(optional),
+                   modes=list(modes) if modes is not None else [subject.mode], causal=subject.causal)
     table = report.checks.copy()
     table.insert(0, "subject", subject.key)
     table.insert(1, "name", subject.name)
@@ -519,20 +603,23 @@ def run_subject(subject: Subject, *, seed: int = 0, lengths: Sequence[int] = (7,
 
 def run_registry(subjects: Iterable[Subject] | None = None, *, seeds: Iterable[int] = (0,),
                  lengths: Iterable[Sequence[int]] = ((7, 3, 12, 1),), optional: Iterable[str] = OPTIONAL_CHECKS,
-                 atol: float = 1e-5, progress: Callable | None = None) -> pd.DataFrame:
+                 atol: float | None = None, rtol: float | None = None,
+                 progress: Callable | None = None) -> pd.DataFrame:
     """Audit every subject (default: all of :data:`SUBJECTS`) for every seed and set of lengths; one row per
     subject, seed, lengths and check (see :func:`run_subject`)."""
     subjects = list(SUBJECTS if subjects is None else subjects)
     jobs = [(s, seed, tuple(ls)) for s in subjects for seed in seeds for ls in lengths]
     iterator = progress(jobs, desc="audit") if progress else jobs
-    tables = [run_subject(s, seed=seed, lengths=ls, optional=optional, atol=atol) for s, seed, ls in iterator]
+    tables = [run_subject(s, seed=seed, lengths=ls, optional=optional, atol=atol, rtol=rtol)
+              for s, seed, ls in iterator]
     return pd.concat(tables, ignore_index=True)
 
 
 def cell(rows: pd.DataFrame) -> str:
     """The table's word for one subject and check over all its runs (rows): ``"pass"``; ``"error"`` (the forward
-    raised), ``"NaN"`` (non-finite outputs) or ``"differs"`` (finite outputs off by more than atol) for the first
-    failing run; ``"-"`` when not run."""
+    raised), ``"NaN"`` (non-finite outputs), ``"ignored"`` (the mask was not read), ``"not deterministic"`` or
+    ``"differs"`` (finite outputs off by more than the tolerance) for the first failing run; ``"-"`` when not
+    run."""
     if rows.empty:
         return "-"
     failed = rows[~rows["passed"].astype(bool)]
@@ -545,13 +632,21 @@ def cell(rows: pd.DataFrame) -> str:
         return "NaN"
     if "not read" in detail:
         return "ignored"
+    if "not deterministic" in detail:
+        return "not deterministic"
     return "differs"
 
 
+def _checks_run(results: pd.DataFrame) -> list[str]:
+    ran = set(results["check"])
+    return [c for c in ("deterministic", *CHECKS, CAUSAL_CHECK, *OPTIONAL_CHECKS) if c in ran]
+
+
 def wide_table(results: pd.DataFrame, checks: Sequence[str] | None = None) -> pd.DataFrame:
-    """One row per subject (in the order of the results), one column per check, cells from :func:`cell`; the
-    subject's name and library in front."""
-    checks = list(checks or [c for c in (*CHECKS, *OPTIONAL_CHECKS) if c in set(results["check"])])
+    """One row per subject (in the order of the results), one column per check, cells from :func:`cell` (``"-"``
+    where a subject did not run a check, e.g. ``causal_left_padding`` for a model that is not causal); the
+    subject's name and library in front (its grad mode is in ``results["mode"]``)."""
+    checks = list(checks or _checks_run(results))
     rows = []
     for key, group in results.groupby("subject", sort=False):
         row = {"subject": group["name"].iloc[0], "library": group["library"].iloc[0]}
@@ -562,35 +657,68 @@ def wide_table(results: pd.DataFrame, checks: Sequence[str] | None = None) -> pd
 
 
 def failures(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per failed (subject, check), over all runs: ``subject, name, library, check, runs_failed, runs,
-    max_abs_diff, detail`` (the detail of the first failing run)."""
+    """One row per failed (subject, check), over all runs: ``subject, name, library, check, mode, runs_failed, runs,
+    max_abs_diff, max_rel_diff, detail`` (the largest differences of the failing runs, and the detail of the first
+    one)."""
     rows = []
     for (key, check), group in results.groupby(["subject", "check"], sort=False):
         failed = group[~group["passed"].astype(bool)]
         if failed.empty:
             continue
         rows.append({"subject": key, "name": group["name"].iloc[0], "library": group["library"].iloc[0],
-                     "check": check, "runs_failed": len(failed), "runs": len(group),
-                     "max_abs_diff": failed["max_abs_diff"].max(), "detail": failed["detail"].iloc[0]})
-    return pd.DataFrame(rows, columns=["subject", "name", "library", "check", "runs_failed", "runs",
-                                       "max_abs_diff", "detail"])
+                     "check": check, "mode": ", ".join(dict.fromkeys(str(m) for m in failed["mode"])),
+                     "runs_failed": len(failed), "runs": len(group), "max_abs_diff": failed["max_abs_diff"].max(),
+                     "max_rel_diff": failed["max_rel_diff"].max(), "detail": failed["detail"].iloc[0]})
+    return pd.DataFrame(rows, columns=["subject", "name", "library", "check", "mode", "runs_failed", "runs",
+                                       "max_abs_diff", "max_rel_diff", "detail"])
+
+
+#: The columns of :func:`explain`.
+EXPLAIN_COLUMNS = ["subject", "name", "library", "check", "mode", "kind", "mechanism", "root_cause", "category",
+                   "why", "url", "ref", "known"]
 
 
 def explain(results: pd.DataFrame) -> pd.DataFrame:
-    """The failures (:func:`failures`) with their causes from :data:`CAUSES`: columns ``subject, name, library,
-    check, kind, mechanism, why, url, ref, known``; ``known`` is False (and ``kind`` "unexplained") for a failure that
-    :data:`CAUSES` does not list."""
+    """The failures (:func:`failures`) with their causes from :data:`CAUSES`: columns :data:`EXPLAIN_COLUMNS`.
+    ``root_cause`` is a key of :data:`ROOT_CAUSES` and ``category`` one of :data:`CATEGORIES` (``"caller"``,
+    ``"contract"``, ``"library"``, ``"book"``); ``known`` is False (``kind`` and ``category`` "unexplained") for a
+    failure that :data:`CAUSES` does not list."""
     table = failures(results)
     rows = []
     for row in table.itertuples(index=False):
         cause = CAUSES.get(row.subject, {}).get(row.check)
+        root = cause.root_cause if cause else ""
         rows.append({"subject": row.subject, "name": row.name, "library": row.library, "check": row.check,
-                     "kind": cause.kind if cause else "unexplained",
-                     "mechanism": cause.mechanism if cause else "", "why": cause.why if cause else row.detail,
-                     "url": cause.url if cause else "", "ref": cause.ref if cause else "",
-                     "known": cause is not None})
-    return pd.DataFrame(rows, columns=["subject", "name", "library", "check", "kind", "mechanism", "why", "url", "ref",
-                                       "known"])
+                     "mode": row.mode, "kind": cause.kind if cause else "unexplained",
+                     "mechanism": cause.mechanism if cause else "", "root_cause": root,
+                     "category": ROOT_CAUSES[root][0] if root else "unexplained",
+                     "why": cause.why if cause else row.detail, "url": cause.url if cause else "",
+                     "ref": cause.ref if cause else "", "known": cause is not None})
+    return pd.DataFrame(rows, columns=EXPLAIN_COLUMNS)
+
+
+def by_root_cause(results: pd.DataFrame) -> pd.DataFrame:
+    """The failures grouped by root cause, each counted once: ``category, root_cause, summary, subjects,
+    checks, failures`` (the number of distinct subjects, of distinct checks, and of failed (subject, check)
+    pairs), ordered by category (:data:`CATEGORIES`) and then by the number of subjects. Unexplained failures form
+    one group per subject and check."""
+    table = explain(results)
+    rows = []
+    for row in table.itertuples(index=False):
+        root = row.root_cause or f"unexplained: {row.subject} / {row.check}"
+        rows.append({"category": row.category, "root_cause": root, "subject": row.subject, "check": row.check,
+                     "summary": ROOT_CAUSES[row.root_cause][1] if row.root_cause else row.why})
+    columns = ["category", "root_cause", "summary", "subjects", "checks", "failures"]
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    frame = pd.DataFrame(rows)
+    grouped = (frame.groupby(["category", "root_cause"], sort=False)
+               .agg(summary=("summary", "first"), subjects=("subject", "nunique"), checks=("check", "nunique"),
+                    failures=("subject", "size")).reset_index())
+    order = {c: k for k, c in enumerate([*CATEGORIES, "unexplained"])}
+    grouped["_order"] = grouped["category"].map(order)
+    return grouped.sort_values(["_order", "subjects"], ascending=[True, False], kind="stable")[columns].reset_index(
+        drop=True)
 
 
 def not_reproduced(results: pd.DataFrame) -> list[tuple[str, str]]:
