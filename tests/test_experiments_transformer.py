@@ -18,6 +18,7 @@ import pytest
 
 from attnbook.evidence import MIN_PAIRS
 import torch
+import torch.nn.functional as F
 
 from test_store import check_resumed, cut_last_line, kill_after_rows
 
@@ -358,26 +359,85 @@ def test_answer_text_gives_one_effect_and_its_interval_per_resolved_comparison()
                      ("left padding", "no difference resolved", 20, 0.0, 0.0, 0.0),        # zero, equal bounds
                      ("first-token readout", "lower", 20, -0.0177, -0.0282, -0.0095))
     assert ex.answer_text(answer) == (
-        "The first-token readout lowered test accuracy by 1.77 points (95% CI 0.95 to 2.82). "   # negated
-        "With 20 paired seeds, no difference in test accuracy was resolved for the mask or left padding.")
+        "The first-token readout lowered test accuracy by 1.77 points (95% interval 0.95 to 2.82). "   # negated
+        "With 20 paired runs, no difference in test accuracy was resolved for the mask or left padding.")
     raised = ex.answer_text(_answer(("mask", "higher", 12, 0.01, 0.01, 0.01)))                # equal bounds
-    assert raised == "The mask raised test accuracy by 1.00 points (95% CI 1.00 to 1.00)."
+    assert raised == "The mask raised test accuracy by 1.00 points (95% interval 1.00 to 1.00)."
     mixed = ex.answer_text(_answer(("mask", "no difference resolved", 10, 0.0, -0.01, 0.01),
                                    ("position fix", "no difference resolved", 12, 0.0, -0.01, 0.01)))
-    assert mixed.endswith("With 10 or more paired seeds, no difference in test accuracy was resolved for the mask "
+    assert mixed.endswith("With 10 or more paired runs, no difference in test accuracy was resolved for the mask "
                           "or position fix.")
     one = ex.answer_text(_answer(("mask", "no difference resolved", 1, 0.0, 0.0, 0.0)))          # one seed, one name
-    assert one == "With 1 paired seed, no difference in test accuracy was resolved for the mask."
+    assert one == "With 1 paired run, no difference in test accuracy was resolved for the mask."
 
 
 def test_answer_text_for_unanswered_and_corrected_comparisons():
     one_seed = _answer(("mask", "not yet answered", 1, np.nan, np.nan, np.nan))
-    assert ex.answer_text(one_seed) == f"The mask has fewer than {MIN_PAIRS} paired seeds, too few for a verdict."
+    assert ex.answer_text(one_seed) == f"The mask has fewer than {MIN_PAIRS} paired runs, too few for a verdict."
     two = _answer(("mask", "not yet answered", 4, 0.01, 0.0, 0.02), ("readout", "not yet answered", 4, 0.0, 0, 0))
-    assert ex.answer_text(two, min_pairs=5) == ("The mask and readout have fewer than 5 paired seeds, too few for "
+    assert ex.answer_text(two, min_pairs=5) == ("The mask and readout have fewer than 5 paired runs, too few for "
                                                 "a verdict.")
     holm = _answer(("mask", "not resolved after Holm's correction", 4, 0.02, 0.01, 0.03))
-    assert ex.answer_text(holm) == ("For the mask, the interval excludes zero, but Holm's correction over the "
+    assert ex.answer_text(holm) == ("For the mask, the interval excludes zero, but the correction for several "
                                     "comparisons does not confirm a difference.")
     with pytest.raises(ValueError, match="answer is empty"):
         ex.answer_text(_answer())
+
+
+def test_answer_text_names_no_test_and_no_seed():
+    every = _answer(("mask", "higher", 20, 0.01, 0.005, 0.02), ("left padding", "no difference resolved", 20, 0, -1, 1),
+                    ("position fix", "not resolved after Holm's correction", 4, 0.02, 0.01, 0.03),
+                    ("readout", "not yet answered", 1, np.nan, np.nan, np.nan))
+    text = ex.answer_text(every).lower()
+    for word in ("seed", "holm", "wilcoxon", "bootstrap", "p-value", " ci "):
+        assert word not in text
+
+
+# ------------------------------------------------------------------------- the page's tables (chapter 8)
+def test_condition_label_names_each_condition_once():
+    labels = [ex.condition_label(c) for c in ex.conditions()]
+    assert len(set(labels)) == len(labels) == 5
+    assert ex.condition_label({"mask": "masked", "padding": "pre", "positions": "first_token", "readout": "mean"}) \
+        == "mask, left padding, positions: from the mask"
+
+
+def test_results_table_gives_mean_interval_flips_and_runs():
+    runs = _runs({"masked/pre/index/mean": 0.01}, n_seeds=3)
+    runs["flip_rate_in"] = np.where(runs.apply(ex.condition_id, axis=1) == "masked/pre/index/mean", 0.05, 0.0)
+    table = ex.results_table(runs).set_index("condition")
+    assert list(table.columns) == ["test accuracy (%)", "95% interval", "predictions that flip (%)", "runs"]
+    assert table.index[0] == "mask, right padding" and (table["runs"] == 3).all()
+    left = table.loc["mask, left padding, positions: array index"]
+    want = 100 * runs[runs.apply(ex.condition_id, axis=1) == "masked/pre/index/mean"].test_accuracy.mean()
+    assert left["test accuracy (%)"] == f"{want:.1f}" and left["predictions that flip (%)"] == "5.0"
+    assert table.loc["mask, right padding", "predictions that flip (%)"] == "0"
+    one = ex.results_table(runs[runs.seed == 0])                         # one run: no interval
+    assert (one["95% interval"] == "–").all() and (one["runs"] == 1).all()
+    with pytest.raises(ValueError, match=r"runs lacks the columns \['flip_rate_in'\]"):
+        ex.results_table(runs.drop(columns="flip_rate_in"))
+    with pytest.raises(ValueError, match="no runs"):
+        ex.results_table(runs[runs["mask"] == "masked"])
+
+
+def test_empty_row_word_at_its_edges():
+    bias = torch.tensor([0.5, -1.0])
+    assert ex.empty_row_word(torch.full((3, 2), float("nan"))) == "NaN"
+    assert ex.empty_row_word(torch.tensor([[float("nan"), 0.0]])) == "partly NaN"
+    assert ex.empty_row_word(torch.zeros(3, 2), bias) == "zeros"
+    assert ex.empty_row_word(bias.expand(3, 2).clone(), bias) == "the output bias"
+    assert ex.empty_row_word(bias.expand(3, 2).clone()) == "finite values"
+    assert ex.empty_row_word(bias + 1e-3, bias) == "finite values"
+
+
+def test_mha_empty_row_table_against_sdpa_and_the_bias():
+    """Where the table says "the output bias", SDPA gives the empty row zeros and ``out_proj`` adds its bias;
+    a real row never reads as the bias. The NaN cells are torch's own (pytorch issue #160064)."""
+    table = ex.mha_empty_row_table()
+    assert list(table.index) == ["training", "eval", "eval, no_grad (fast path)"]
+    assert list(table.columns) == ["need_weights=True", "need_weights=False"]
+    words = {"NaN", "partly NaN", "zeros", "the output bias", "finite values"}
+    assert set(table.to_numpy().ravel()) <= words
+    q = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    empty = F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(1, 1, 1, 3, dtype=torch.bool))
+    assert (empty == 0).all()                      # the zeros that out_proj turns into its bias (PyTorch >= 2.5)
+    assert table.loc["training", "need_weights=False"] == "the output bias"

@@ -306,15 +306,16 @@ def test_verdict_phrase_gives_the_effect_and_its_interval():
     from attnbook.experiments.transformer_translation import verdict_phrase
 
     row = pd.Series({"verdict": "higher", "n_pairs": 3, "mean_diff": 7.05, "ci_low": 6.27, "ci_high": 8.26})
-    assert verdict_phrase(row) == "higher than Bahdanau's model's, by +7.0 points (95% CI +6.3 to +8.3)"
+    assert verdict_phrase(row) == "higher than Bahdanau's model's, by +7.0 points (95% interval +6.3 to +8.3)"
     lower = row.copy()
     lower[["verdict", "mean_diff", "ci_low", "ci_high"]] = ["lower", -1.0, -1.5, -1.5]          # equal bounds
-    assert verdict_phrase(lower, "its baseline's") == "lower than its baseline's, by -1.0 points (95% CI -1.5 to -1.5)"
+    assert verdict_phrase(lower, "its baseline's") == "lower than its baseline's, by -1.0 points (95% interval -1.5 to -1.5)"
     zero = row.copy()
     zero[["verdict", "mean_diff", "ci_low", "ci_high"]] = ["within seed noise", 0.0, -0.4, 0.4]
-    assert verdict_phrase(zero) == "within seed noise of Bahdanau's model's, by +0.0 points (95% CI -0.4 to +0.4)"
+    assert verdict_phrase(zero) == ("indistinguishable from Bahdanau's model's, by +0.0 points (95% interval -0.4 "
+                                    "to +0.4)")
     one = pd.Series({"verdict": "not yet answered", "n_pairs": 1, "mean_diff": np.nan, "ci_low": np.nan,
                      "ci_high": np.nan})
-    assert verdict_phrase(one) == "not yet compared (1 paired seed, too few for a verdict)"
+    assert verdict_phrase(one) == "not yet compared (1 paired run, too few for a verdict)"
     with pytest.raises(ValueError, match="verdict must be one of"):
         verdict_phrase(row.replace("higher", "better"))

@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from ..batching import RandomBatchSampler
 from ..models import padding_mask
@@ -66,7 +67,8 @@ from .masking_report import CORRECTED, MIN_PAIRS, paired_table, runs_by_kind
 
 __all__ = ["TransformerPaddingConfig", "conditions", "condition_id", "prepare_data", "train_model", "run_one",
            "run_grid", "open_store", "store_config", "main", "RESULT_COLUMNS", "LAYOUT", "FACTORS", "REFERENCE",
-           "Comparison", "COMPARISONS", "compare_conditions", "answer_text"]
+           "Comparison", "COMPARISONS", "compare_conditions", "answer_text", "condition_label", "results_table",
+           "empty_row_word", "mha_empty_row_table"]
 
 #: The factors of a condition, in the order of :func:`condition_id`.
 FACTORS = ("mask", "padding", "positions", "readout")
@@ -226,9 +228,10 @@ def answer_text(answer: pd.DataFrame, min_pairs: int = MIN_PAIRS) -> str:
 
     Each comparison that resolves a difference ("higher" or "lower") gets a sentence of its own, with its effect on
     test accuracy in points and the effect's 95% interval (a lowering is stated as a positive amount: "lowered test
-    accuracy by 1.77 points (95% CI 0.95 to 2.82)"). The comparisons that resolve no difference share one sentence,
-    those that fail Holm's correction another, and those with fewer than ``min_pairs`` paired seeds a third. Seed
-    tallies and p-values are left to the table. Chapter 8, section "Full scale: stored runs".
+    accuracy by 1.77 points (95% interval 0.95 to 2.82)"). The comparisons that resolve no difference share one
+    sentence, those that fail the correction for several comparisons another, and those with fewer than
+    ``min_pairs`` paired runs a third. The sentences name no statistical test and no seed: tallies, tests and
+    corrections are for the evidence page. Chapter 8, section "The experiment".
 
     Raises:
         ValueError: ``answer`` has no rows.
@@ -241,24 +244,120 @@ def answer_text(answer: pd.DataFrame, min_pairs: int = MIN_PAIRS) -> str:
         if row.verdict == "lower":
             diff, low, high = -diff, -high, -low
         word = "raised" if row.verdict == "higher" else "lowered"
-        sentences.append(f"The {row.name} {word} test accuracy by {diff:.2f} points (95% CI {low:.2f} to "
+        sentences.append(f"The {row.name} {word} test accuracy by {diff:.2f} points (95% interval {low:.2f} to "
                          f"{high:.2f}).")
     same = answer[answer["verdict"] == "no difference resolved"]
     if len(same):
         n_low, n_high = int(same["n_pairs"].min()), int(same["n_pairs"].max())
-        seeds = plural(n_low, "paired seed") if n_low == n_high else f"{n_low} or more paired seeds"
-        sentences.append(f"With {seeds}, no difference in test accuracy was resolved for the "
+        runs = plural(n_low, "paired run") if n_low == n_high else f"{n_low} or more paired runs"
+        sentences.append(f"With {runs}, no difference in test accuracy was resolved for the "
                          f"{listing(same['name'], 'or')}.")
     corrected = answer[answer["verdict"] == CORRECTED]
     if len(corrected):
-        sentences.append(f"For the {listing(corrected['name'])}, the interval excludes zero, but Holm's correction "
-                         "over the comparisons does not confirm a difference.")
+        sentences.append(f"For the {listing(corrected['name'])}, the interval excludes zero, but the correction for "
+                         "several comparisons does not confirm a difference.")
     waiting = answer[answer["verdict"] == "not yet answered"]
     if len(waiting):
         verb = "has" if len(waiting) == 1 else "have"
-        sentences.append(f"The {listing(waiting['name'])} {verb} fewer than {min_pairs} paired seeds, too few for "
+        sentences.append(f"The {listing(waiting['name'])} {verb} fewer than {min_pairs} paired runs, too few for "
                          "a verdict.")
     return " ".join(sentences)
+
+
+def condition_label(condition) -> str:
+    """A reader's name for a condition (a dict or row with the four :data:`FACTORS`), e.g. ``"mask, left padding,
+    positions: from the mask"``. Chapter 8, section "The experiment"."""
+    if condition["mask"] == "none":
+        return "no mask, right padding"
+    if condition["padding"] == "pre":
+        where = "from the mask" if condition["positions"] == "first_token" else "array index"
+        return f"mask, left padding, positions: {where}"
+    return "mask, right padding" + (", first-token readout" if condition["readout"] == "first" else "")
+
+
+def results_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The plain results table of chapter 8's padding experiment: one row per condition (in :func:`conditions`'
+    order, named by :func:`condition_label`), its mean test accuracy in percent with the 95% interval of the mean
+    (:func:`attnbook.evidence.summary_table`), the mean share of test predictions that flip when only the batch's
+    padding changes (``flip_rate_in``, in percent), and the number of runs.
+
+    Args:
+        runs: one row per run, with the :data:`FACTORS`, ``test_accuracy`` and ``flip_rate_in`` (fractions).
+
+    Returns:
+        Columns ``condition, test accuracy (%), 95% interval, predictions that flip (%), runs``.
+
+    Raises:
+        ValueError: a column is missing, or a condition of :func:`conditions` has no run.
+
+    Chapter 8, section "The experiment".
+    """
+    from ..evidence import summary_table
+
+    missing = sorted({*FACTORS, "test_accuracy", "flip_rate_in"} - set(runs.columns))
+    if missing:
+        raise ValueError(f"runs lacks the columns {missing}")
+    names = runs.apply(condition_label, axis=1)
+    order = [condition_label(c) for c in conditions()]
+    table = summary_table(runs.assign(condition=names), "condition", "test_accuracy", scale=100, digits=1,
+                          order=order)
+    flips = (100 * runs.groupby(names)["flip_rate_in"].mean()).reindex(order)
+    table.insert(3, "predictions that flip (%)", [f"{f:.1f}" if f else "0" for f in flips])
+    return table.rename(columns={"mean": "test accuracy (%)"})
+
+
+def empty_row_word(output: Tensor, bias: Tensor | None = None) -> str:
+    """What the output of a query with no valid key is, in words: ``"NaN"``, ``"partly NaN"``, ``"zeros"``, ``"the
+    output bias"`` (equal to ``bias``: an attention of zeros, then the output projection's bias) or ``"finite
+    values"``. Chapter 8, section "What a fully padded row does"."""
+    if torch.isnan(output).all():
+        return "NaN"
+    if torch.isnan(output).any():
+        return "partly NaN"
+    if (output == 0).all():
+        return "zeros"
+    if bias is not None and torch.equal(output, bias.expand_as(output)):
+        return "the output bias"
+    return "finite values"
+
+
+def mha_empty_row_table(d_model: int = 8, nhead: int = 2, seed: int = 0) -> pd.DataFrame:
+    """What ``nn.MultiheadAttention`` (the installed torch) returns for a query whose every key is masked, by mode and
+    ``need_weights``: a batch of two rows of three tokens, the second all pads (``key_padding_mask`` True = ignored).
+
+    Args:
+        d_model, nhead: the module's sizes (float64). seed: of the weights (``out_proj`` gets a nonzero bias) and
+            inputs.
+
+    Returns:
+        A DataFrame indexed by mode (``"training"``, ``"eval"``, ``"eval, no_grad (fast path)"``) with columns
+        ``need_weights=True`` and ``need_weights=False``; each cell is :func:`empty_row_word` of the empty row's
+        output. ``"the output bias"`` means the attention gave zeros (``F.scaled_dot_product_attention``'s result
+        for an empty row since PyTorch 2.5) and ``out_proj`` added its bias; code that subtracts or zeroes the bias
+        sees zeros there.
+
+    Chapter 8, section "What a fully padded row does".
+    """
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(seed)
+    mha = nn.MultiheadAttention(d_model, nhead, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    x = torch.randn(2, 3, d_model, generator=gen, dtype=torch.float64)
+    ignored = torch.tensor([[False, False, True], [True, True, True]])          # torch: True = ignored
+    bias = mha.out_proj.bias.detach()
+    rows = {}
+    for mode, training, grad in (("training", True, True), ("eval", False, True),
+                                 ("eval, no_grad (fast path)", False, False)):
+        mha.train(training)
+        with torch.set_grad_enabled(grad):
+            rows[mode] = {f"need_weights={w}": empty_row_word(
+                mha(x, x, x, key_padding_mask=ignored, need_weights=w)[0][1].detach(), bias) for w in (True, False)}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "mode"
+    return table
 
 
 def prepare_data(cfg: TransformerPaddingConfig) -> dict:

@@ -605,7 +605,8 @@ def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: in
 def verdict_phrase(row: pd.Series, baseline: str = "Bahdanau's model's") -> str:
     """The verdict of one :func:`compare_models` row as the end of a sentence that begins "the Transformer's BLEU
     is": the verdict word, then the mean paired difference in points and its 95% interval ("higher than Bahdanau's
-    model's, by +7.0 points (95% CI +6.3 to +8.3)"); with too few paired seeds, only that. Chapter 8, section "A
+    model's, by +7.0 points (95% interval +6.3 to +8.3)"); "indistinguishable from" when the interval includes
+    zero; with too few paired runs, only that. The words name no seed and no test (chapter pages' rule). Chapter 8, section "A
     Transformer translator".
 
     Raises:
@@ -614,10 +615,10 @@ def verdict_phrase(row: pd.Series, baseline: str = "Bahdanau's model's") -> str:
     if row["verdict"] not in VERDICTS:
         raise ValueError(f"verdict must be one of {VERDICTS}, got {row['verdict']!r}")
     if row["verdict"] == "not yet answered":
-        return f"not yet compared ({plural(int(row['n_pairs']), 'paired seed')}, too few for a verdict)"
-    where = {"higher": "higher than", "lower": "lower than", "within seed noise": "within seed noise of"}
-    return (f"{where[row['verdict']]} {baseline}, by {row['mean_diff']:+.1f} points (95% CI {row['ci_low']:+.1f} "
-            f"to {row['ci_high']:+.1f})")
+        return f"not yet compared ({plural(int(row['n_pairs']), 'paired run')}, too few for a verdict)"
+    where = {"higher": "higher than", "lower": "lower than", "within seed noise": "indistinguishable from"}
+    return (f"{where[row['verdict']]} {baseline}, by {row['mean_diff']:+.1f} points (95% interval "
+            f"{row['ci_low']:+.1f} to {row['ci_high']:+.1f})")
 
 
 def main(argv: list[str] | None = None) -> Path:
