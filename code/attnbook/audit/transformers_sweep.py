@@ -1,0 +1,510 @@
+"""``python -m attnbook.audit --transformers``: the padding audit of every text architecture in transformers'
+causal-LM and masked-LM auto mappings, each built from a tiny config with random weights (chapter 10, "Padding bugs
+in the wild", section on the sweep).
+
+For each entry of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and ``MODEL_FOR_MASKED_LM_MAPPING_NAMES`` (a model type and
+its class), :func:`tiny_config` shrinks the type's default config by attribute name (width 32, 2 layers, 4 heads,
+vocabulary 128, ...; :data:`SHRINK`, then :data:`OVERRIDES` per model type), builds the class with random weights
+(offline: no download), and :func:`attnbook.audit.hf.audit_hf` audits it under the conditions of
+:data:`CONDITIONS`: right padding; left padding without ``position_ids`` and with them counted from the mask; the
+model cast to fp16 and to bf16 (right padding). Every condition's audit includes the empty row (``empty_row``).
+
+Each entry runs under a time limit (``--timeout``) and a ``try``; an entry that cannot be built small, or whose
+model cannot run on token ids alone (one that needs images or audio), is listed with the reason. Finished entries go
+to a partial file beside ``--out`` as they finish, so an interrupted sweep resumes where it stopped; the CSV (one row
+per entry, condition, check and mode), the Markdown summary and the JSON provenance record are written atomically at
+the end, and the partial file removed.
+
+Needs transformers (the book's extra); the sweep is a command, not part of the book's build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from attnbook.provenance import atomic_write_text, provenance, write_provenance
+
+__all__ = ["CONDITIONS", "SHRINK", "OVERRIDES", "Entry", "entries", "tiny_config", "build", "audit_entry",
+           "classify", "summary", "main", "LENGTHS", "MODES"]
+
+DEFAULT_OUT = Path("results/audit_transformers.csv")
+#: Row lengths of the audited batch (padded to 12; ``extra_padding`` pads to 24).
+LENGTHS = (7, 3, 12, 1)
+#: Grad mode of every audit in the sweep (transformers' models take no fast path that depends on it).
+MODES = ("no_grad",)
+WIDTH, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, POSITIONS, WINDOW = 32, 2, 4, 2, 8, 64, 128, 128, 8
+
+#: The audited conditions: name -> (padding side, position_ids, dtype).
+CONDITIONS: dict[str, tuple[str, str, torch.dtype]] = {
+    "right": ("right", "none", torch.float32),
+    "left": ("left", "none", torch.float32),
+    "left_positions": ("left", "from_mask", torch.float32),
+    "fp16": ("right", "none", torch.float16),
+    "bf16": ("right", "none", torch.bfloat16),
+}
+
+#: Config attributes shrunk by name, to the value given (or by the function, from the default value).
+SHRINK: dict[str, Any] = {
+    **dict.fromkeys(["hidden_size", "n_embd", "d_model", "dim", "embed_dim", "model_dim", "n_embed", "d_embed"],
+                    WIDTH),
+    **dict.fromkeys(["embedding_size", "word_embed_proj_dim", "attention_hidden_size"], WIDTH),
+    **dict.fromkeys(["num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
+                     "num_decoder_layers", "num_encoder_layers"], LAYERS),
+    **dict.fromkeys(["num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "num_decoder_attention_heads"], HEADS),
+    **dict.fromkeys(["head_dim", "d_kv", "attention_head_dim", "kv_channels", "d_head", "qk_head_dim"], HEAD_DIM),
+    **dict.fromkeys(["qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"], HEAD_DIM),
+    **dict.fromkeys(["kv_lora_rank", "q_lora_rank"], 16),
+    **dict.fromkeys(["intermediate_size", "n_inner", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff",
+                     "ffn_hidden_size", "d_inner", "dim_feedforward", "ffn_embed_dim", "inner_dim"], FFN),
+    **dict.fromkeys(["moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size",
+                     "moe_ffn_hidden_size", "shared_intermediate_size"], 16),
+    **dict.fromkeys(["num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts", "num_experts_total"],
+                    4),
+    **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k", "moe_k", "num_selected_experts"], 2),
+    **dict.fromkeys(["max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
+                     "seq_length"], POSITIONS),
+    "vocab_size": VOCAB,
+}
+
+
+def _kv(value: Any, original: dict) -> Any:
+    heads = next((original[k] for k in ("num_attention_heads", "n_head", "num_heads") if k in original), None)
+    if value is None or not isinstance(value, int):
+        return value
+    return HEADS if value == heads else (1 if value == 1 else KV_HEADS)
+
+
+#: Attributes shrunk by a function of (default value, the whole default config).
+SHRINK_BY: dict[str, Any] = {
+    **dict.fromkeys(["num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num",
+                     "n_head_kv", "num_kv"], _kv),
+    **dict.fromkeys(["sliding_window", "attention_window_size", "window_size"],
+                    lambda v, _: min(v, WINDOW) if isinstance(v, int) and v > 0 else v),
+    **dict.fromkeys(["n_group", "topk_group"], lambda v, _: 1 if isinstance(v, int) else v),
+    **dict.fromkeys(["rotary_dim"], lambda v, _: min(v, HEAD_DIM) if isinstance(v, int) else v),
+    **dict.fromkeys(["first_k_dense_replace"], lambda v, _: min(v, 1) if isinstance(v, int) else v),
+}
+
+#: Per model type, attributes set after :data:`SHRINK` (values that the generic rules get wrong).
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "mamba2": {"num_heads": 4, "head_dim": 16, "n_groups": 1, "state_size": 16, "chunk_size": 16},
+    "mamba": {"state_size": 16, "time_step_rank": 8},
+    "falcon_mamba": {"state_size": 16, "time_step_rank": 8},
+    "reformer": {"axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 16], "attention_head_size": 8,
+                 "feed_forward_size": 64, "local_attn_chunk_length": 8, "lsh_attn_chunk_length": 8,
+                 "attn_layers": ["local", "local"], "num_buckets": 4, "max_position_embeddings": 128},
+    "funnel": {"block_sizes": [1, 1], "block_repeats": [1, 1], "d_head": 8, "n_head": 4},
+    "longformer": {"attention_window": [4, 4]},
+    "big_bird": {"attention_type": "original_full"},
+    "perceiver": {"num_latents": 8, "d_latents": 32, "num_self_attends_per_block": 1, "num_blocks": 1,
+                  "num_self_attention_heads": 4, "num_cross_attention_heads": 1, "qk_channels": 32,
+                  "v_channels": 32},
+    "xlstm": {"num_heads": 2, "qk_dim_factor": 0.5, "v_dim_factor": 1.0, "chunk_size": 8},
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of an auto mapping: ``mapping`` ("causal-lm" or "masked-lm"), the model type and the class name."""
+
+    mapping: str
+    model_type: str
+    class_name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.mapping}:{self.model_type}"
+
+
+def _transformers():
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import transformers
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    return transformers
+
+
+def entries() -> list[Entry]:
+    """Every entry of transformers' causal-LM and masked-LM auto mappings, in the mappings' order."""
+    _transformers()
+    from transformers.models.auto import modeling_auto as auto
+
+    return ([Entry("causal-lm", t, c) for t, c in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()]
+            + [Entry("masked-lm", t, c) for t, c in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES.items()])
+
+
+def _shrink(d: dict) -> dict:
+    original = dict(d)
+    for key, value in list(d.items()):
+        if isinstance(value, dict) and key.endswith("_config"):
+            d[key] = _shrink(dict(value))
+        elif key in SHRINK and isinstance(value, int) and not isinstance(value, bool):
+            d[key] = min(value, SHRINK[key]) if key not in ("vocab_size",) else SHRINK[key]
+        elif key in SHRINK_BY:
+            d[key] = SHRINK_BY[key](value, original)
+        elif ("dropout" in key or "pdrop" in key or key.endswith("drop_rate")) and isinstance(value, float):
+            d[key] = 0.0
+    layers = next((d[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(d.get(k), int)),
+                  LAYERS)
+    depth = next((original[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in original), None)
+    for key, value in list(d.items()):  # per-layer lists (layer_types, ...): one layer of each kind, in order
+        if isinstance(value, list) and depth and len(value) == depth and all(isinstance(v, str) for v in value):
+            kinds = list(dict.fromkeys(value))[:layers]
+            d[key] = (kinds + [v for v in value if v not in kinds] + value)[:layers] if len(kinds) < layers \
+                else kinds
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id", "sep_token_id",
+                "cls_token_id", "mask_token_id", "unk_token_id"):
+        value = d.get(key)
+        if isinstance(value, int) and value >= VOCAB:
+            d[key] = VOCAB - 1 - ("eos" in key)
+        elif isinstance(value, list):
+            d[key] = [v if v < VOCAB else VOCAB - 2 for v in value if isinstance(v, int)] or None
+    return d
+
+
+def tiny_config(entry: Entry):
+    """The entry's default config, shrunk (:data:`SHRINK`, :data:`SHRINK_BY`, :data:`OVERRIDES`); a causal-LM entry
+    of a type that also has a masked-LM entry (BERT-like) is built as a decoder (``is_decoder=True``)."""
+    tf = _transformers()
+    from transformers.models.auto import modeling_auto as auto
+
+    config_class = tf.CONFIG_MAPPING[entry.model_type]
+    d = _shrink(config_class().to_dict())
+    d.update(OVERRIDES.get(entry.model_type, {}))
+    if entry.mapping == "causal-lm" and entry.model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        d["is_decoder"] = True
+    for key in ("transformers_version", "architectures", "_name_or_path", "model_type"):
+        d.pop(key, None)
+    return config_class.from_dict(d)
+
+
+def build(entry: Entry, seed: int = 0) -> torch.nn.Module:
+    """The entry's class from :func:`tiny_config`, with random weights (seeded), in eval mode."""
+    tf = _transformers()
+    config = tiny_config(entry)
+    cls = getattr(tf, entry.class_name)
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls(config)
+    return model.eval()
+
+
+class Timeout(Exception):
+    """An entry ran past its time limit."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Timeout(f"ran past the time limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _reason(error: BaseException) -> str:
+    message = " ".join(str(error).split()) or type(error).__name__
+    if len(message) > 200:
+        message = message[:197] + "..."
+    return f"{type(error).__name__}: {message}"
+
+
+def _size(model: torch.nn.Module) -> dict[str, Any]:
+    c = model.config
+    get = lambda *names: next((getattr(c, n) for n in names if isinstance(getattr(c, n, None), int)), None)  # noqa
+    return {"width": get("hidden_size", "n_embd", "d_model", "dim"),
+            "layers": get("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+            "heads": get("num_attention_heads", "n_head", "num_heads", "n_heads"),
+            "attn_implementation": str(getattr(c, "_attn_implementation", None)),
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def audit_entry(entry: Entry, conditions: tuple[str, ...] = tuple(CONDITIONS), timeout: float = 60.0,
+                lengths: tuple[int, ...] = LENGTHS, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
+    """Build ``entry`` small and audit it under each condition; never raises (except KeyboardInterrupt).
+
+    Returns:
+        ``{"entry", "mapping", "model_type", "class", "status", "reason", "seconds", "size", "rows"}``: ``status``
+        is ``"audited"`` or ``"not built"`` (``reason`` then says why: the error, or the time limit); ``rows`` one
+        dict per condition, check and mode (``condition``, ``kind``, ``position_ids``, ``dtype``, and the columns of
+        :attr:`attnbook.audit.AuditReport.checks`). A condition whose audit raised (the forward failed on the plain
+        padded batch) gets one row with check ``"forward"``, not passed, and the error as detail.
+    """
+    from .hf import audit_hf
+
+    start = time.perf_counter()
+    record: dict[str, Any] = {"entry": entry.key, "mapping": entry.mapping, "model_type": entry.model_type,
+                              "class": entry.class_name, "status": "audited", "reason": "", "size": {}, "rows": []}
+    try:
+        with _time_limit(timeout), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = build(entry)
+            record["size"] = _size(model)
+            audited = 0
+            for name in conditions:
+                side, positions, dtype = CONDITIONS[name]
+                model.to(dtype)
+                base = {"condition": name, "dtype": str(dtype).replace("torch.", "")}
+                try:
+                    report = audit_hf(model, padding_side=side, position_ids=positions, lengths=lengths,
+                                      modes=modes, causal=False)
+                except Timeout:
+                    raise
+                except Exception as error:  # noqa: BLE001 - listed with its reason
+                    record["rows"].append({**base, "kind": "", "position_ids": positions, "check": "forward",
+                                           "mode": modes[0], "passed": False, "max_abs_diff": math.nan,
+                                           "max_rel_diff": math.nan, "detail": _reason(error)})
+                    continue
+                audited += 1
+                base.update(kind=report.settings["kind"], position_ids=report.settings["position_ids"])
+                record["rows"] += [{**base, **row} for row in report.checks.to_dict("records")]
+            if not audited:
+                first = record["rows"][0]["detail"] if record["rows"] else "no condition ran"
+                record.update(status="not built", reason="the forward failed on token ids alone: " + first)
+    except Timeout as error:
+        record.update(status="not built", reason=str(error), rows=[])
+    except Exception as error:  # noqa: BLE001 - listed with its reason
+        record.update(status="not built", reason=_reason(error), rows=[])
+    record["seconds"] = round(time.perf_counter() - start, 2)
+    return record
+
+
+# --- classification by root cause ---------------------------------------------------------------------------------
+
+def _rows(record: dict, condition: str) -> pd.DataFrame:
+    frame = pd.DataFrame(record["rows"])
+    return frame[frame["condition"] == condition] if len(frame) else frame
+
+
+def _state(rows: pd.DataFrame, checks: tuple[str, ...] | None = None) -> str:
+    """``pass``, ``NaN`` (a non-finite output), ``differs``, ``error`` or ``-`` (not run) for a condition's rows."""
+    if checks is not None and len(rows):
+        rows = rows[rows["check"].isin(checks)]
+    if not len(rows):
+        return "-"
+    if (rows["check"] == "forward").any():
+        return "error"
+    failed = rows[~rows["passed"].astype(bool)]
+    if not len(failed):
+        return "pass"
+    if failed["detail"].str.contains("NaN or infinite").any():
+        return "NaN"
+    if failed["detail"].str.startswith("forward raised").any():
+        return "error"
+    return "differs"
+
+
+PADDING_CHECKS = ("batch_equivalence", "extra_padding", "pad_content")
+
+
+def classify(record: dict) -> dict[str, Any]:
+    """One row of the summary: each condition's state (padding checks; the empty row apart), and the root cause.
+
+    ``cause`` is one of: ``"not built"``; ``"candidate upstream bug: right padding"`` (right padding gives NaN or
+    differs in fp32); ``"candidate upstream bug: left padding with position_ids"`` (left padding still differs when
+    the model takes position ids counted from the mask); ``"reads the pad ids"`` (under left padding without
+    position ids only ``pad_content`` fails: positions counted from the pad id, as RoBERTa's); ``"positions cannot
+    follow left padding"`` (the model takes no position_ids, and left padding differs); ``"positions count the pads
+    (pass position_ids)"`` (left padding differs without position ids and passes with them); ``"none"``.
+    """
+    if record["status"] != "audited":
+        return {"entry": record["entry"], "model_type": record["model_type"], "mapping": record["mapping"],
+                "class": record["class"], "cause": "not built", "reason": record["reason"]}
+    state = {name: _state(_rows(record, name), PADDING_CHECKS) for name in CONDITIONS}
+    empty = {name: _state(_rows(record, name), ("empty_row",)) for name in CONDITIONS}
+    positions = next((r["position_ids"] for r in record["rows"] if r["condition"] == "left_positions"), "")
+    left_failed = set(_failed_checks(record, "left"))
+    if state["right"] in ("NaN", "differs"):
+        cause = "candidate upstream bug: right padding"
+    elif state["left_positions"] in ("NaN", "differs") and positions == "from_mask":
+        cause = "candidate upstream bug: left padding with position_ids"
+    elif left_failed == {"pad_content"}:
+        cause = "reads the pad ids"
+    elif state["left"] in ("NaN", "differs") and positions == "not taken":
+        cause = "positions cannot follow left padding"
+    elif state["left"] in ("NaN", "differs") and state["left_positions"] == "pass":
+        cause = "positions count the pads (pass position_ids)"
+    else:
+        cause = "none"
+    kind = next((r["kind"] for r in record["rows"] if r.get("kind")), "")
+    return {"entry": record["entry"], "model_type": record["model_type"], "mapping": record["mapping"],
+            "class": record["class"], "kind": kind, "position_ids": positions,
+            **{name: state[name] for name in CONDITIONS}, "empty_row": empty["right"],
+            "empty_row_fp16": empty["fp16"], "cause": cause, "reason": ""}
+
+
+def _failed_checks(record: dict, condition: str) -> list[str]:
+    rows = _rows(record, condition)
+    if not len(rows):
+        return []
+    return list(dict.fromkeys(rows.loc[~rows["passed"].astype(bool), "check"]))
+
+
+def summary(records: list[dict]) -> pd.DataFrame:
+    """One row per entry (:func:`classify`)."""
+    return pd.DataFrame([classify(r) for r in records])
+
+
+def long_table(records: list[dict]) -> pd.DataFrame:
+    """One row per entry, condition, check and mode (the CSV)."""
+    rows = []
+    for r in records:
+        if r["status"] != "audited":
+            rows.append({"entry": r["entry"], "mapping": r["mapping"], "model_type": r["model_type"],
+                         "class": r["class"], "status": r["status"], "reason": r["reason"]})
+            continue
+        for row in r["rows"]:
+            rows.append({"entry": r["entry"], "mapping": r["mapping"], "model_type": r["model_type"],
+                         "class": r["class"], "status": r["status"], "reason": "", **row})
+    columns = ["entry", "mapping", "model_type", "class", "status", "reason", "condition", "kind", "position_ids",
+               "dtype", "check", "mode", "passed", "max_abs_diff", "max_rel_diff", "detail"]
+    return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def markdown(table: pd.DataFrame, record: dict) -> str:
+    """The Markdown page of a sweep: versions, counts by root cause, the table, and what could not be built."""
+    audited = table[table["cause"] != "not built"]
+    lines = [
+        "# Padding audit of transformers' architectures",
+        "",
+        "Written by `python -m attnbook.audit --transformers` (chapter 10, \"Padding bugs in the wild\"). Every "
+        "entry of transformers' causal-LM and masked-LM auto mappings, built from its default config shrunk to "
+        f"width {WIDTH}, {LAYERS} layers and {HEADS} heads with random weights (no download), audited with "
+        "`attnbook.audit.hf.audit_hf` on random token ids (row lengths " + " ".join(map(str, LENGTHS))
+        + f", modes {', '.join(MODES)}, default tolerances). Conditions: right padding; left padding without "
+        "`position_ids` and with them counted from the mask; right padding in fp16 and in bf16. A cell is `pass`, "
+        "`differs`, `NaN` or `error` for the padding checks (batch equivalence, extra padding, pad content); the "
+        "empty row has its own column.",
+        "",
+        f"Versions: transformers {record['libraries']['transformers']}, torch {record['torch']}, python "
+        f"{record['python']}. {len(audited)} of {len(table)} mapping entries audited; wall time "
+        f"{record['wall_time_s']:.0f} s on {record['device']}.",
+        "",
+        "## Entries by root cause",
+        "",
+        table["cause"].value_counts().rename_axis("cause").reset_index(name="entries").to_markdown(index=False),
+        "",
+        "## Audited entries",
+        "",
+        audited.drop(columns=["reason"]).to_markdown(index=False),
+        "",
+        "## Entries not built small",
+        "",
+    ]
+    skipped = table[table["cause"] == "not built"]
+    lines += [f"- `{r.entry}` ({r._4}): {r.reason}" for r in skipped.itertuples()] or ["None."]
+    lines += ["", "## Provenance", ""]
+    lines += [f"- {k}: {v}" for k, v in record.items() if k not in ("config", "libraries", "not_built")]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnbook.audit --transformers",
+        description="Audit the padding behaviour of every text architecture in transformers' causal-LM and "
+                    "masked-LM auto mappings, each built from a tiny config with random weights (offline).")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="the CSV to write; the .md and .json go beside it (default: %(default)s)")
+    parser.add_argument("--only", default="", help="comma-separated model types (default: every entry)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per entry (default: %(default)s)")
+    parser.add_argument("--list", action="store_true", help="list the mapping entries and exit")
+    args = parser.parse_args(argv)
+    if args.out.suffix != ".csv":
+        parser.error(f"--out must end in .csv, got {str(args.out)!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    selected = entries()
+    if args.only:
+        wanted = {t.strip() for t in args.only.split(",") if t.strip()}
+        unknown = wanted - {e.model_type for e in selected}
+        if unknown:
+            print(f"unknown model types: {sorted(unknown)}", file=sys.stderr)
+            return 2
+        selected = [e for e in selected if e.model_type in wanted]
+    if args.list:
+        for e in selected:
+            print(f"{e.mapping:10s} {e.model_type:30s} {e.class_name}")
+        return 0
+    torch.set_num_threads(1)
+    partial = args.out.with_suffix(".partial.jsonl")
+    done: dict[str, dict] = {}
+    if partial.exists():
+        for line in partial.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                done[record["entry"]] = record
+    start = time.perf_counter()
+    previous = sum(r.get("seconds", 0.0) for r in done.values() if r["entry"] in {e.key for e in selected})
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    with partial.open("a") as sink:
+        for k, entry in enumerate(selected, 1):
+            if entry.key in done:
+                continue
+            record = audit_entry(entry, timeout=args.timeout)
+            done[entry.key] = record
+            sink.write(json.dumps(record, default=str) + "\n")
+            sink.flush()
+            print(f"[{k}/{len(selected)}] {entry.key}: {record['status']} {record['seconds']:.1f} s "
+                  f"{record['reason'][:80]}", flush=True)
+    records = [done[e.key] for e in selected]
+    wall = time.perf_counter() - start + previous
+    table = summary(records)
+    import transformers
+
+    versions = {"transformers": transformers.__version__, "torch": torch.__version__}
+    config = {"lengths": list(LENGTHS), "modes": list(MODES), "conditions": list(CONDITIONS), "width": WIDTH,
+              "layers": LAYERS, "heads": HEADS, "vocab_size": VOCAB, "timeout_s": args.timeout,
+              "entries": [e.key for e in selected]}
+    audited = int((table["cause"] != "not built").sum())
+    record = provenance(wall_time_s=wall, device="cpu", mode="full", threads=1, libraries=versions, config=config,
+                        n_entries=len(selected), n_audited=audited,
+                        n_model_types=len({e.model_type for e in selected}),
+                        n_audited_model_types=int(table.loc[table["cause"] != "not built", "model_type"].nunique()),
+                        causes=table["cause"].value_counts().to_dict(),
+                        command="python -m attnbook.audit --transformers "
+                                + " ".join(sys.argv[1:] if argv is None else argv))
+    buffer = io.StringIO()
+    long_table(records).to_csv(buffer, index=False, float_format="%.4g")
+    atomic_write_text(args.out, buffer.getvalue())
+    atomic_write_text(args.out.with_suffix(".md"), markdown(table, record))
+    write_provenance(args.out.with_suffix(".json"), {**record, "summary": table.to_dict("records")})
+    partial.unlink(missing_ok=True)
+    print(table["cause"].value_counts().to_string())
+    print(f"\n{audited} of {len(selected)} entries audited; {wall:.0f} s. Wrote {args.out} and its .md and .json.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""attnbook.audit.report_figures: chapter 10's figures, tables and sentences, at their edge values."""
+
+import math
+
+import matplotlib
+import pandas as pd
+import pytest
+
+matplotlib.use("Agg")
+
+from attnbook.audit import report_figures as rf  # noqa: E402
+
+
+def by_root(*rows):
+    return pd.DataFrame(rows, columns=["category", "root_cause", "summary", "subjects", "checks", "failures"])
+
+
+def test_root_cause_sentence_words_each_side_once_and_counts_configurations():
+    table = rf.root_cause_table(by_root(
+        ("caller", "left-padding-positions", "s", 4, 2, 8), ("contract", "empty-row-nan", "s", 5, 1, 5),
+        ("library", "fp16-fill-overflow", "s", 1, 1, 1), ("library", "new-cause", "its summary", 1, 2, 2),
+        ("book", "book-unmasked", "s", 2, 3, 5)))
+    assert list(table["whose side"]) == ["the caller's documented requirement", "a contract choice",
+                                         "library behaviour", "library behaviour"]
+    assert table["root cause"].iloc[-1] == "its summary"
+    assert rf.root_cause_sentence(table) == (
+        "Their failures have 4 root causes, each counted once: the caller's documented requirement (left padding "
+        "without position_ids, 4 configurations); a contract choice (NaN for a row with no real token, 5 "
+        "configurations); and library behaviour (a fill constant that overflows fp16, 1 configuration; its "
+        "summary, 1 configuration).")
+
+
+def test_root_cause_sentence_at_its_edges():
+    assert rf.root_cause_sentence(rf.root_cause_table(by_root())) == "No configuration failed a check."
+    one = rf.root_cause_table(by_root(("contract", "empty-row-nan", "s", 1, 1, 1)))
+    assert rf.root_cause_sentence(one) == ("Their failures have one root cause: a contract choice (NaN for a row "
+                                           "with no real token, 1 configuration).")
+    with pytest.raises(ValueError, match=r"failures without a known root cause: categories \['unexplained'\]"):
+        rf.root_cause_table(by_root(("unexplained", "", "x", 1, 1, 1)))
+
+
+def summary(*rows):
+    return pd.DataFrame(rows, columns=["entry", "class", "model_type", "right", "left_positions", "cause"])
+
+
+def test_sweep_sentence_all_none_and_candidates():
+    ok = ("causal-lm:a", "A", "a", "pass", "pass", "none")
+    shifted = ("causal-lm:b", "B", "b", "pass", "differs", "positions cannot follow left padding")
+    bug = ("masked-lm:c", "C", "c", "NaN", "pass", "candidate upstream bug: right padding")
+    skipped = ("causal-lm:d", "D", "d", "-", "-", "not built")
+    assert rf.sweep_sentence(summary(ok, shifted, skipped)) == (
+        "Under right padding all of the 2 audited entries kept padding out of every real output, and under left "
+        "padding with position ids from the mask 1; none differs in a way that the caller's documented "
+        "requirements do not explain.")
+    assert rf.sweep_sentence(summary(bug)).endswith(
+        "right padding none of the 1 audited entries kept padding out of every real output, and under left "
+        "padding with position ids from the mask all; masked-lm:c differs even so, and is a candidate upstream "
+        "bug.")
+    two = summary(bug, ("causal-lm:e", "E", "e", "pass", "differs", "candidate upstream bug: left padding with "
+                                                                     "position_ids"))
+    assert "causal-lm:e and masked-lm:c differ even so, and are candidate upstream bugs" in rf.sweep_sentence(two)
+    with pytest.raises(ValueError, match="no entry of the sweep was audited"):
+        rf.sweep_sentence(summary(skipped))
+
+
+def test_sweep_counts_groups_by_cause_and_refuses_an_unknown_one():
+    table = rf.sweep_counts(summary(("causal-lm:a", "A", "a", "pass", "pass", "none"),
+                                    ("masked-lm:a", "A2", "a", "pass", "pass", "none"),
+                                    ("causal-lm:d", "D", "d", "-", "-", "not built")))
+    assert table.to_dict("records") == [{"cause": "passed every padding check", "side": "none", "entries": 2,
+                                         "model types": 1}]
+    with pytest.raises(ValueError, match=r"causes without words in SWEEP_CAUSES: \['new'\]"):
+        rf.sweep_counts(summary(("x", "X", "x", "pass", "pass", "new")))
+
+
+def test_point_kind_tells_nan_and_errors_from_differences():
+    row = lambda passed, value, detail: pd.Series({"passed": passed, "max_rel_diff": value, "detail": detail})  # noqa
+    assert rf.point_kind(row(True, 1e-7, "")) == "pass"
+    assert rf.point_kind(row(False, 0.3, "rows 1 differ")) == "fail"
+    assert rf.point_kind(row(False, math.nan, "row 1: NaN or infinite outputs")) == "NaN"
+    assert rf.point_kind(row(False, math.nan, "forward raised ValueError: x")) == "error"
+
+
+def test_the_figures_draw_nan_and_error_points_and_check_their_input():
+    results = pd.DataFrame({"check": ["a", "a", "b", "b"], "passed": [True, False, False, False],
+                            "max_rel_diff": [1e-8, 0.5, math.nan, math.nan],
+                            "detail": ["", "differ", "NaN or infinite", "forward raised RuntimeError"]})
+    fig = rf.differences_figure(results, ["a", "b"])
+    side = fig.axes[1]
+    assert sum(len(c.get_offsets()) for c in side.collections) == 2  # the NaN and the error point
+    with pytest.raises(ValueError, match="none of the checks"):
+        rf.differences_figure(results, ["z"])
+    assert len(rf.padded_batch_figure((2, 0), 3).axes) == 3
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, length\] = \[0, 3\]"):
+        rf.padded_batch_figure((4,), 3)
