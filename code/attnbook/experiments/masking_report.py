@@ -36,7 +36,10 @@ from .masking import condition_id
 
 __all__ = ["Arm", "ARMS", "MIN_PAIRS", "CORRECTED", "ALPHA", "answer_table", "format_answer", "verdict",
            "direction_agrees", "device_kind", "runs_by_kind", "paired_table", "seed_by_seed", "boost_odds",
-           "signed", "rho_sentence", "bucketing_verdict", "share_or_none"]
+           "signed", "rho_sentence", "bucketing_verdict", "share_or_none", "CHAPTER_ROWS", "PLAIN_VERDICTS",
+           "results_table", "effect_text", "asker_example", "plot_asker_example", "pad_score_gradients",
+           "renormalize_underflow", "speed_changes", "speed_sentence", "ahead_text", "plot_paired", "bucketing_text",
+           "renormalize_nan_gap"]
 
 #: The book's one verdict rule lives in :mod:`attnbook.evidence` (``MIN_PAIRS`` paired runs, the 95% interval, Holm's
 #: correction for secondary arms); the names stay importable from here.
@@ -63,7 +66,9 @@ def _cid(pooling: str, masking: str, rnn_input: str = "packed", batching: str = 
 
 
 #: The arms of chapter 5's answer: the central comparison, the two settings that argument 2 and the unpacked encoder
-#: ask about, the asker's own method, the simplest baseline, and bucketing itself.
+#: ask about, the asker's own method, the simplest baseline, and bucketing itself, without and with the mask (with
+#: the mask and a packed encoder the pads play no part, so what bucketing changes there is only which reviews share
+#: a batch).
 ARMS = (
     Arm("mask", "−∞ mask against none (packed encoder, random batches)",
         _cid("attention", "neg_inf"), _cid("attention", "none"), primary=True, compared_with="no mask"),
@@ -80,6 +85,9 @@ ARMS = (
     Arm("bucketing", "bucketed against random batches, no mask",
         _cid("attention", "none", batching="bucketed"), _cid("attention", "none"),
         compared_with="no mask, random batches"),
+    Arm("bucketing, masked", "bucketed against random batches, −∞ mask (pads play no part)",
+        _cid("attention", "neg_inf", batching="bucketed"), _cid("attention", "neg_inf"),
+        compared_with="−∞ mask, random batches"),
 )
 
 
@@ -386,3 +394,364 @@ def share_or_none(x: float, digits: int = 1) -> str:
         return "all"
     text = f"{x:.{digits}%}"
     return f"under {10 ** -digits:.{digits}f}%" if float(text[:-1]) == 0 else text
+
+
+# --- The chapter's own pieces (issue 45): the asker's example, the plain results table, speed, the gradient ---
+
+#: The rows of chapter 5's results table (a subset of :data:`ARMS`, in the order the page discusses them), with the
+#: reader's words for each side. The other arms (mean pooling) are on the evidence page.
+CHAPTER_ROWS = {
+    "mask": ("−∞ mask", "no mask"),
+    "renormalize": ("renormalize after the softmax", "−∞ mask"),
+    "bucketing": ("bucketed batches, no mask", "random batches, no mask"),
+    "mask, bucketed": ("−∞ mask, bucketed batches", "no mask, bucketed batches"),
+    "mask, unpacked": ("−∞ mask, unpacked encoder", "no mask, unpacked encoder"),
+}
+
+#: A verdict of :func:`attnbook.evidence.verdict` in the words of a chapter's table (no test named).
+PLAIN_VERDICTS = {"higher": "higher", "lower": "lower", "no difference resolved": "no difference resolved",
+                  CORRECTED: f"not resolved among the {len(ARMS)} comparisons", "not yet answered": "not yet answered"}
+
+
+def results_table(answer: pd.DataFrame, rows: dict = CHAPTER_ROWS) -> pd.DataFrame:
+    """Chapter 5's plain results table, from :func:`answer_table`: one row per entry of ``rows`` (arm name ->
+    (condition, compared with) in words), with the paired change in test accuracy (points), its 95% interval, the
+    number of paired runs and the verdict in plain words (:data:`PLAIN_VERDICTS`).
+
+    Raises:
+        ValueError: ``rows`` names an arm that ``answer`` lacks.
+    """
+    missing = [name for name in rows if name not in set(answer.arm)]
+    if missing:
+        raise ValueError(f"answer lacks the arms {missing}")
+    arms = answer.set_index("arm")
+    out = []
+    for name, (condition, baseline) in rows.items():
+        t = arms.loc[name]
+        answered = np.isfinite(t.mean_diff)
+        out.append({"condition": condition, "compared with": baseline,
+                    "change in accuracy (points)": signed(100 * t.mean_diff) if answered else "–",
+                    "95% interval": (f"{signed(100 * t.ci_low)} to {signed(100 * t.ci_high)}" if answered
+                                     else "–"),
+                    "runs": int(t.n_pairs), "verdict": PLAIN_VERDICTS.get(t.verdict, t.verdict)})
+    return pd.DataFrame(out)
+
+
+def effect_text(arm, what: str = "accuracy") -> str:
+    """One arm's effect with its interval, in points, as a verdict sentence's clause chosen by its verdict:
+    "raised accuracy by 0.30 points (95% interval +0.06 to +0.52)", "lowered ...", "changed accuracy by +0.04
+    points (95% interval −0.06 to +0.14), a difference not resolved" (a secondary comparison whose interval excludes
+    zero but whose corrected p-value does not: "..., a difference that does not hold up once ..."), "has too few
+    runs to change accuracy in a resolved way". ``arm``: a row of
+    :func:`answer_table` (``mean_diff``, ``ci_low``, ``ci_high``, ``verdict``)."""
+    if arm is None or not np.isfinite(arm.mean_diff) or arm.verdict == "not yet answered":
+        return f"has too few runs to change {what} in a resolved way"
+    interval = f"(95% interval {signed(100 * arm.ci_low)} to {signed(100 * arm.ci_high)})"
+    if arm.verdict in ("higher", "lower"):
+        verb = "raised" if arm.verdict == "higher" else "lowered"
+        return f"{verb} {what} by {abs(100 * arm.mean_diff):.2f} points {interval}"
+    if arm.verdict == CORRECTED:
+        return (f"changed {what} by {signed(100 * arm.mean_diff)} points {interval}, a difference that does not "
+                "hold up once the chance of a false alarm among the other comparisons is counted")
+    return f"changed {what} by {signed(100 * arm.mean_diff)} points {interval}, a difference not resolved"
+
+
+def asker_example(scores=(0.1, 0.2, 0.0, 0.0, 0.0), n_real: int = 2) -> pd.DataFrame:
+    """The asker's five-position example (chapter 5, "The question"): two real outputs and three pads, unmasked and
+    masked. ``scores``: the attention scores of the positions (the pads' equal, as zero states give), the first
+    ``n_real`` of them real.
+
+    Returns:
+        One row per position (index ``o1, o2, pad, ...``) with ``score``, ``unmasked`` (the softmax over every
+        position) and ``masked`` (the softmax over the real positions, 0 on pads). The unmasked real weights sum
+        to ``1 - pi``; their ratios are those of the masked weights.
+
+    Raises:
+        ValueError: ``n_real`` is not between 1 and the number of scores.
+    """
+    s = np.asarray(scores, dtype=float)
+    if not 1 <= n_real <= len(s):
+        raise ValueError(f"n_real must be between 1 and {len(s)}, got {n_real}")
+    e = np.exp(s - s.max())
+    masked = np.where(np.arange(len(s)) < n_real, e, 0.0)
+    names = [f"o{i + 1}" for i in range(n_real)] + ["pad"] * (len(s) - n_real)
+    return pd.DataFrame({"score": s, "unmasked": e / e.sum(), "masked": masked / masked.sum()},
+                        index=pd.Index(names, name="position"))
+
+
+def plot_asker_example(example: pd.DataFrame, states=((1.0, 0.25), (0.35, 1.0))):
+    """Chapter 5's first figure: the weights of :func:`asker_example`, unmasked and masked (left), and the pooled
+    vector of two real 2-d states ``states`` (pads are zero states) with and without the mask (right): the same
+    direction, the unmasked one ``1 - pi`` as long. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    n_real = int((example.masked > 0).sum())
+    h = np.asarray(states, dtype=float)
+    if h.shape != (n_real, 2):
+        raise ValueError(f"states must be {n_real} two-dimensional states, got shape {h.shape}")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4), gridspec_kw={"width_ratios": [1.4, 1]})
+    x = np.arange(len(example))
+    for offset, column, colour, label in ((-0.2, "unmasked", "C3", "no mask"), (0.2, "masked", "C0", "−∞ mask")):
+        bars = ax1.bar(x + offset, example[column], width=0.4, color=colour, label=label)
+        ax1.bar_label(bars, labels=[f"{v:.2f}" for v in example[column]], fontsize=8)
+    ax1.set_xticks(x, example.index)
+    ax1.set_ylabel("attention weight")
+    ax1.set_ylim(0, 0.62)
+    ax1.legend()
+    pooled = {"no mask": example.unmasked.to_numpy()[:n_real] @ h, "−∞ mask": example.masked.to_numpy()[:n_real] @ h}
+    for (label, c), colour in zip(pooled.items(), ("C3", "C0")):
+        ax2.annotate("", xy=c, xytext=(0, 0), arrowprops=dict(arrowstyle="-|>", color=colour, lw=2))
+        ax2.plot([], [], color=colour, lw=2, label=f"pooled vector, {label}")
+    for i, state in enumerate(h):
+        ax2.plot(*state, "o", color="grey")
+        ax2.annotate(f"$h_{i + 1}$", state, textcoords="offset points", xytext=(5, 3))
+    ax2.set_xlim(-0.05, 1.15)
+    ax2.set_ylim(-0.05, 1.15)
+    ax2.set_aspect("equal")
+    ax2.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def pad_score_gradients(scores, n_real: int, target=None) -> pd.DataFrame:
+    """The gradient of a loss on the pooled vector with respect to every position's score, unmasked and masked
+    (chapter 5, "Do the pads' scores get a gradient?"). The pads are zero states, so they enter the unmasked
+    pooled vector only through the softmax's denominator; autograd shows that their scores get a gradient there,
+    and none under the −∞ mask.
+
+    Args:
+        scores: 1-d scores, the first ``n_real`` real.
+        n_real: real positions (1 to ``len(scores)``).
+        target: the 2-d direction the loss rewards, ``loss = -(c . target)``; default ``(1, 1)``.
+
+    Returns:
+        One row per position (``o1, ..., pad``) with the score gradient ``unmasked`` and ``masked``.
+
+    Raises:
+        ValueError: ``n_real`` out of range.
+    """
+    import torch
+
+    from ..masking import masked_softmax
+
+    s0 = torch.as_tensor(scores, dtype=torch.float64)
+    if not 1 <= n_real <= len(s0):
+        raise ValueError(f"n_real must be between 1 and {len(s0)}, got {n_real}")
+    gen = torch.Generator().manual_seed(0)
+    h = torch.zeros(len(s0), 2, dtype=torch.float64)
+    h[:n_real] = torch.rand(n_real, 2, generator=gen, dtype=torch.float64) + 0.1
+    t = torch.as_tensor(target if target is not None else (1.0, 1.0), dtype=torch.float64)
+    mask = torch.arange(len(s0)) < n_real
+    out = {}
+    for name, use_mask in (("unmasked", False), ("masked", True)):
+        s = s0.clone().requires_grad_(True)
+        w = masked_softmax(s, mask) if use_mask else torch.softmax(s, dim=-1)
+        loss = -(w @ h) @ t
+        loss.backward()
+        out[name] = s.grad.numpy()
+    names = [f"o{i + 1}" for i in range(n_real)] + ["pad"] * (len(s0) - n_real)
+    return pd.DataFrame(out, index=pd.Index(names, name="position"))
+
+
+def renormalize_underflow(gaps=(10, 50, 100, 110, 200), dtypes=("float32", "bfloat16", "float16")) -> pd.DataFrame:
+    """When renormalizing after the softmax gives NaN (chapter 5, "When renormalizing fails"): one real token and
+    one pad whose score is ``gap`` higher. The softmax gives the real token ``exp(-gap) / (1 + exp(-gap))``; once
+    that underflows to 0 in the dtype, renormalizing divides 0 by 0. The −∞ mask never computes the pad's share.
+
+    Returns:
+        One row per gap, one column per ``dtype`` and method (``"renormalize, float16"``, ``"−∞ mask, float16"``):
+        the real token's weight (1.0 when right, NaN when the share underflowed).
+    """
+    import torch
+
+    from ..masking import masked_softmax, renormalized_softmax
+
+    mask = torch.tensor([True, False])
+    rows = {}
+    for gap in gaps:
+        row = {}
+        for name in dtypes:
+            s = torch.tensor([0.0, float(gap)]).to(getattr(torch, name))
+            row[f"renormalize, {name}"] = float(renormalized_softmax(s, mask)[0])
+            row[f"−∞ mask, {name}"] = float(masked_softmax(s, mask)[0])
+        rows[gap] = row
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("pad score minus real score")
+
+
+def speed_changes(frame: pd.DataFrame, conditions: dict | None = None, *, min_pairs: int = MIN_PAIRS,
+                  n_resamples: int = 9999, seed: int = 0) -> pd.DataFrame:
+    """Training speed (real tokens per second) of each masked condition against no mask, paired by seed, on each
+    kind of device (chapter 5's claim about what the mask costs; the evidence page's speed table).
+
+    Args:
+        frame: runs, as for :func:`answer_table`, with a ``tokens_per_s`` column.
+        conditions: condition key -> label; default the −∞ mask, renormalize and masked mean pooling (packed
+            encoder, random batches, fp32), each against attention pooling without a mask.
+
+    Returns:
+        One row per (device kind, condition) with at least ``min_pairs`` paired seeds (the book's
+        :data:`attnbook.evidence.MIN_PAIRS`): ``device_kind``, ``condition`` (the
+        label), ``n_pairs``, ``tokens_per_s`` and ``baseline_tokens_per_s`` (means over the paired seeds),
+        ``change`` (mean relative change, a fraction: -0.05 is 5% slower), ``ci_low``, ``ci_high`` (its bootstrap
+        95% interval) and ``n_slower``.
+
+    Raises:
+        ValueError: as :func:`runs_by_kind`.
+    """
+    from ..stats import bootstrap_ci
+
+    conditions = conditions or {_cid("attention", "neg_inf"): "−∞ mask",
+                                _cid("attention", "renormalize"): "renormalize",
+                                _cid("mean", "-"): "masked mean pooling"}
+    base = _cid("attention", "none")
+    frame = runs_by_kind(frame, ("pooling", "masking", "rnn_input", "batching", "precision"), condition_id,
+                         "tokens_per_s")
+    rows = []
+    for kind in ("gpu", "cpu"):
+        runs = frame[frame.device_kind == kind]
+        b = runs[runs.condition == base].set_index("seed").tokens_per_s
+        for key, label in conditions.items():
+            a = runs[runs.condition == key].set_index("seed").tokens_per_s
+            seeds = a.index.intersection(b.index)
+            if len(seeds) < min_pairs:
+                continue
+            change = (a.loc[seeds] / b.loc[seeds] - 1).to_numpy(float)
+            low, high = bootstrap_ci(change, n_resamples=n_resamples, seed=seed)
+            rows.append({"device_kind": kind, "condition": label, "n_pairs": len(seeds),
+                         "tokens_per_s": float(a.loc[seeds].mean()),
+                         "baseline_tokens_per_s": float(b.loc[seeds].mean()), "change": float(change.mean()),
+                         "ci_low": float(low), "ci_high": float(high), "n_slower": int((change < 0).sum())})
+    columns = ["device_kind", "condition", "n_pairs", "tokens_per_s", "baseline_tokens_per_s", "change", "ci_low",
+               "ci_high", "n_slower"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def speed_sentence(speeds: pd.DataFrame, mask: str = "−∞ mask", other: str = "renormalize",
+                   kinds: tuple[str, ...] = ("gpu", "cpu")) -> str:
+    """What the runs say about the mask's cost in speed, in one or two sentences chosen from ``speeds``
+    (:func:`speed_changes`): on each kind of device where the ``mask`` row's interval excludes a slowdown of zero,
+    whether ``other`` (also a mask) shared it. A cost is said to belong to one implementation only when the
+    ``other`` mask's interval includes zero or lies entirely above the ``mask``'s. ``kinds``: the kinds of device
+    to speak of, in order ("gpu", "cpu")."""
+    def pct(x):
+        return f"{abs(100 * x):.1f}%"
+
+    parts = []
+    words = {"gpu": "a GPU", "cpu": "a CPU"}
+    for kind in kinds:
+        word = words.get(kind, kind)
+        if not len(speeds):
+            continue
+        rows = speeds[speeds.device_kind == kind].set_index("condition")
+        if mask not in rows.index:
+            continue
+        m = rows.loc[mask]
+        span = f"(95% interval {signed(100 * m.ci_low, 1)}% to {signed(100 * m.ci_high, 1)}%)"
+        if m.ci_high < 0:
+            text = f"On {word} the {mask} trained {pct(m.change)} slower than no mask {span}"
+            if other in rows.index:
+                o = rows.loc[other]
+                if o.ci_low <= 0 <= o.ci_high:
+                    text += (f", but {other}, which masks too, changed speed by {signed(100 * o.change, 1)}%, a "
+                             "change not resolved: the cost belongs to one implementation of the mask, not to "
+                             "masking")
+                elif o.ci_low > m.ci_high:
+                    text += (f", but {other}, which masks too, was only {pct(o.change)} slower: most of the cost "
+                             "belongs to one implementation of the mask, not to masking")
+                else:
+                    text += f", and {other}, which masks too, was about as slow ({signed(100 * o.change, 1)}%)"
+        elif m.ci_low > 0:
+            text = f"On {word} the {mask} trained {pct(m.change)} faster than no mask {span}"
+        else:
+            text = f"On {word} the {mask}'s change in speed, {signed(100 * m.change, 1)}% {span}, is not resolved"
+        parts.append(text + ".")
+    return " ".join(parts) if parts else "No pair of runs measured the mask's speed."
+
+
+def ahead_text(n_ahead: int, n_pairs: int) -> str:
+    """How often the masked model of a pair of runs (same seed, masked and unmasked) came out ahead, in words for
+    chapter 5's prose: "the masked model came out ahead in 14 of 20 pairs of runs". Reads well at the edges: no
+    pair, none ahead, all ahead, one pair.
+
+    Raises:
+        ValueError: ``n_ahead`` is negative or above ``n_pairs``.
+    """
+    if not 0 <= n_ahead <= max(n_pairs, 0):
+        raise ValueError(f"n_ahead must be between 0 and n_pairs ({n_pairs}), got {n_ahead}")
+    if n_pairs <= 0:
+        return "no pair of runs has been made yet"
+    if n_pairs == 1:
+        return ("the masked model came out ahead in the one pair of runs" if n_ahead else
+                "the masked model did not come out ahead in the one pair of runs")
+    if n_ahead == 0:
+        return f"the masked model came out ahead in none of {n_pairs} pairs of runs"
+    if n_ahead == n_pairs:
+        return f"the masked model came out ahead in all {n_pairs} pairs of runs"
+    return f"the masked model came out ahead in {n_ahead} of {n_pairs} pairs of runs"
+
+
+def plot_paired(runs: pd.DataFrame, table: pd.DataFrame, labels: dict | None = None):
+    """Chapter 5's paired-runs figure: one row per row of ``table`` (from :func:`answer_table`), a dot per seed for
+    the paired test-accuracy difference against the row's baseline on the row's kind of device, and the mean with
+    its 95% interval, all in points. ``runs``: the runs of :func:`runs_by_kind` (``condition``, ``device_kind``,
+    ``seed``, ``test_accuracy``). ``labels``: arm name -> the row's label (default the arm's name). Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * len(table)))
+    for row, t in enumerate(table.itertuples()):
+        on = runs[runs.device_kind == t.device_kind]
+        a = on[on.condition == t.condition].set_index("seed").test_accuracy
+        b = on[on.condition == t.baseline].set_index("seed").test_accuracy
+        d = 100 * (a - b).dropna()
+        ax.scatter(d, row + np.linspace(-0.15, 0.15, len(d)), s=18, color="C0", alpha=0.8)
+        if np.isfinite(t.mean_diff):
+            low, high = 100 * (t.mean_diff - t.ci_low), 100 * (t.ci_high - t.mean_diff)
+            ax.errorbar(100 * t.mean_diff, row, xerr=[[low], [high]], fmt="o", color="black", capsize=3)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(range(len(table)), [(labels or {}).get(t.arm, t.arm) for t in table.itertuples()])
+    ax.invert_yaxis()
+    ax.set_xlabel("test accuracy minus the baseline's, same seed (points)")
+    fig.tight_layout()
+    return fig
+
+
+def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float, pad_bucketed: float) -> str:
+    """Chapter 5's explanation of what bucketing does, chosen from three rows of :func:`answer_table`: bucketing
+    without a mask (``bucketing``), bucketing with the −∞ mask (``bucketing_masked``: with a packed encoder the pads
+    then play no part, so only the make-up of the batches changes) and the mask under bucketed batches
+    (``mask_bucketed``); ``pad_random`` and ``pad_bucketed`` are the shares of pads in the training batches
+    (fractions).
+
+    Raises:
+        ValueError: a padding share is outside [0, 1].
+    """
+    for name, x in (("pad_random", pad_random), ("pad_bucketed", pad_bucketed)):
+        if not 0 <= x <= 1:
+            raise ValueError(f"{name} must be a share between 0 and 1, got {x}")
+    parts = [f"Bucketing does two things. It cuts the pads from {pad_random:.0%} to {pad_bucketed:.0%} of the "
+             "training tokens, which is what the mask does for the pooling; and it puts reviews of similar length "
+             "in one batch."]
+    masked = getattr(bucketing_masked, "verdict", "not yet answered")
+    if masked in ("no difference resolved", CORRECTED):
+        parts.append("With the mask and a packed encoder the pads play no part, so only the second can act there: "
+                     f"bucketing {effect_text(bucketing_masked, 'accuracy')}.")
+    elif masked in ("higher", "lower"):
+        parts.append("With the mask and a packed encoder the pads play no part, yet bucketing "
+                     f"{effect_text(bucketing_masked, 'accuracy')}: the make-up of the batches matters by itself.")
+    if masked != "not yet answered":
+        parts.append("The runs do not separate how much of bucketing's gain comes from each.")
+    after = getattr(mask_bucketed, "verdict", "")
+    if after in ("no difference resolved", CORRECTED):
+        parts.append("What they do show is that once bucketing has removed the pads, the mask has little left to "
+                     "remove.")
+    return " ".join(parts)
+
+
+def renormalize_nan_gap(dtype: str = "float32", max_gap: int = 400) -> int:
+    """The smallest whole-number gap between a pad's score and a real token's at which renormalizing after the
+    softmax gives NaN in ``dtype`` (one real token, one pad; :func:`renormalize_underflow`); ``-1`` if none up to
+    ``max_gap``."""
+    table = renormalize_underflow(gaps=range(1, max_gap + 1), dtypes=(dtype,))
+    failed = table.index[table[f"renormalize, {dtype}"].isna()]
+    return int(failed.min()) if len(failed) else -1

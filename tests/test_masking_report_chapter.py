@@ -1,0 +1,244 @@
+"""Chapter 5's own pieces in attnbook.experiments.masking_report (issue 45): the asker's example and the gradient
+through the softmax's denominator against independent references (softmax by hand, finite differences), the
+underflow of renormalizing against NumPy's float32/float16 exp, the plain results table, speed, and every template
+sentence at its edge values (one run, equal bounds, zero, a negation, too few runs)."""
+
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnbook.evidence import CORRECTED, MIN_PAIRS
+from attnbook.experiments import masking_report as report
+from attnbook.experiments.masking_report import ARMS
+
+matplotlib.use("Agg")
+FACTORS = ["pooling", "masking", "rnn_input", "batching", "precision"]
+
+
+def arm_row(mean, low, high, verdict, n=20):
+    return pd.Series({"mean_diff": mean, "ci_low": low, "ci_high": high, "verdict": verdict, "n_pairs": n})
+
+
+# --- the asker's example ---
+
+def test_asker_example_matches_a_softmax_by_hand():
+    scores = np.array([0.1, 0.2, 0.0, 0.0, 0.0])
+    example = report.asker_example(scores, n_real=2)
+    e = np.exp(scores)
+    np.testing.assert_allclose(example.unmasked, e / e.sum())
+    np.testing.assert_allclose(example.masked[:2], e[:2] / e[:2].sum())
+    assert (example.masked[2:] == 0).all()
+    assert list(example.index) == ["o1", "o2", "pad", "pad", "pad"]
+    # the question's numbers: 0.21, 0.23, 0.19 unmasked; 0.48, 0.52 masked; 44% of the length
+    assert [round(x, 2) for x in example.unmasked[:3]] == [0.21, 0.23, 0.19]
+    assert [round(x, 2) for x in example.masked[:2]] == [0.48, 0.52]
+    assert round(example.unmasked[:2].sum(), 2) == 0.44
+
+
+@pytest.mark.parametrize("n_real", [0, 6])
+def test_asker_example_refuses_a_bad_count(n_real):
+    with pytest.raises(ValueError, match="n_real must be between 1 and 5"):
+        report.asker_example((0.1, 0.2, 0, 0, 0), n_real=n_real)
+
+
+def test_plot_asker_example_checks_its_states():
+    example = report.asker_example()
+    fig = report.plot_asker_example(example)
+    assert len(fig.axes) == 2
+    with pytest.raises(ValueError, match=r"states must be 2 two-dimensional states, got shape \(3, 2\)"):
+        report.plot_asker_example(example, states=((1, 0), (0, 1), (1, 1)))
+
+
+# --- the gradient through the denominator ---
+
+def _loss(scores, n_real, mask):
+    """The same loss as pad_score_gradients, in NumPy (states drawn the same way)."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    h = np.zeros((len(scores), 2))
+    h[:n_real] = (torch.rand(n_real, 2, generator=gen, dtype=torch.float64) + 0.1).numpy()
+    s = np.where(mask, scores, -np.inf)
+    w = np.exp(s - s.max())
+    w /= w.sum()
+    return -(w @ h) @ np.ones(2)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_pad_score_gradients_match_finite_differences(masked):
+    scores = np.array([0.1, 0.2, 0.0, 0.0, 0.0])
+    mask = np.arange(5) < 2 if masked else np.ones(5, dtype=bool)
+    grads = report.pad_score_gradients(scores, n_real=2)["masked" if masked else "unmasked"].to_numpy()
+    eps = 1e-6
+    numeric = [(_loss(scores + eps * np.eye(5)[i], 2, mask) - _loss(scores - eps * np.eye(5)[i], 2, mask)) / (2 * eps)
+               for i in range(5)]
+    np.testing.assert_allclose(grads, numeric, atol=1e-8)
+    if masked:
+        assert (grads[2:] == 0).all()
+    else:
+        assert (grads[2:] != 0).all()
+
+
+def test_pad_score_gradients_refuse_a_bad_count():
+    with pytest.raises(ValueError, match="n_real must be between 1 and 3"):
+        report.pad_score_gradients((0.0, 0.0, 0.0), n_real=4)
+
+
+# --- when renormalizing gives NaN ---
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_renormalize_nan_gap_is_where_the_real_share_underflows(dtype):
+    # independent reference: the first whole gap at which exp(-gap) rounds to zero in the format
+    reference = next(g for g in range(1, 400) if getattr(np, dtype)(math.exp(-g)) == 0)
+    assert report.renormalize_nan_gap(dtype) == reference
+
+
+def test_renormalize_underflow_masks_never_fail():
+    table = report.renormalize_underflow(gaps=(1, 200))
+    assert table.filter(like="−∞ mask").eq(1.0).all().all()
+    assert table.loc[200].filter(like="renormalize").isna().all()
+    assert table.loc[1].filter(like="renormalize").eq(1.0).all()
+    assert report.renormalize_nan_gap("float32", max_gap=50) == -1
+
+
+# --- the plain results table and its sentences ---
+
+def _answer():
+    frame = []
+    rng = np.random.default_rng(0)
+    for a in ARMS:
+        for side, shift in (("baseline", 0.0), ("condition", 0.004)):
+            factors = dict(zip(FACTORS, getattr(a, side).split("/")))
+            frame.append(pd.DataFrame({**factors, "seed": range(8),
+                                       "test_accuracy": 0.87 + shift + 0.001 * rng.standard_normal(8)}))
+    runs = pd.concat(frame, ignore_index=True).drop_duplicates(FACTORS + ["seed"])
+    return report.answer_table(runs, n_resamples=499)
+
+
+def test_results_table_has_the_chapter_rows_in_plain_columns():
+    table = report.results_table(_answer())
+    assert list(table.columns) == ["condition", "compared with", "change in accuracy (points)", "95% interval",
+                                   "runs", "verdict"]
+    assert len(table) == len(report.CHAPTER_ROWS) == 5
+    assert table.condition.iloc[0] == "−∞ mask"
+    joined = " ".join(table.astype(str).to_numpy().ravel())
+    assert "Holm" not in joined and "Wilcoxon" not in joined
+
+
+def test_results_table_names_missing_arms_and_shows_dashes():
+    with pytest.raises(ValueError, match=r"answer lacks the arms \['nope'\]"):
+        report.results_table(_answer(), {"nope": ("a", "b")})
+    answer = _answer()
+    answer.loc[0, ["mean_diff", "ci_low", "ci_high"]] = np.nan
+    answer.loc[0, "verdict"] = "not yet answered"
+    row = report.results_table(answer).iloc[0]
+    assert row["change in accuracy (points)"] == "–" and row["95% interval"] == "–"
+
+
+def test_plain_verdicts_name_no_test():
+    assert "Holm" not in report.PLAIN_VERDICTS[CORRECTED]
+    assert str(len(ARMS)) in report.PLAIN_VERDICTS[CORRECTED]
+
+
+@pytest.mark.parametrize("row, expected", [
+    (arm_row(0.003, 0.0006, 0.0052, "higher"), "raised accuracy by 0.30 points (95% interval +0.06 to +0.52)"),
+    (arm_row(-0.0044, -0.0078, -0.0014, "lower"), "lowered accuracy by 0.44 points (95% interval -0.78 to -0.14)"),
+    (arm_row(0.0004, -0.0006, 0.0014, "no difference resolved"),
+     "changed accuracy by +0.04 points (95% interval -0.06 to +0.14), a difference not resolved"),
+    (arm_row(0.0, -0.00001, 0.00001, "no difference resolved"),     # zero, equal rounded bounds
+     "changed accuracy by 0.00 points (95% interval 0.00 to 0.00), a difference not resolved"),
+    (arm_row(0.0025, 0.0003, 0.0045, CORRECTED), "changed accuracy by +0.25 points (95% interval +0.03 to +0.45), "
+     "a difference that does not hold up once the chance of a false alarm among the other comparisons is counted"),
+    (arm_row(np.nan, np.nan, np.nan, "not yet answered", n=1), "has too few runs to change accuracy in a resolved way"),
+    (None, "has too few runs to change accuracy in a resolved way"),
+])
+def test_effect_text_at_its_edges(row, expected):
+    assert report.effect_text(row) == expected
+
+
+@pytest.mark.parametrize("n_ahead, n_pairs, expected", [
+    (14, 20, "the masked model came out ahead in 14 of 20 pairs of runs"),
+    (0, 20, "the masked model came out ahead in none of 20 pairs of runs"),
+    (20, 20, "the masked model came out ahead in all 20 pairs of runs"),
+    (1, 1, "the masked model came out ahead in the one pair of runs"),
+    (0, 1, "the masked model did not come out ahead in the one pair of runs"),
+    (0, 0, "no pair of runs has been made yet"),
+])
+def test_ahead_text_at_its_edges(n_ahead, n_pairs, expected):
+    assert report.ahead_text(n_ahead, n_pairs) == expected
+
+
+def test_ahead_text_refuses_impossible_counts():
+    with pytest.raises(ValueError, match=r"n_ahead must be between 0 and n_pairs \(3\), got 4"):
+        report.ahead_text(4, 3)
+
+
+def test_bucketing_text_follows_the_verdicts():
+    gain = arm_row(0.0053, 0.0031, 0.0092, "higher")
+    masked_none = arm_row(0.003, -0.0001, 0.0063, "no difference resolved")
+    after_none = arm_row(0.0004, -0.0006, 0.0014, "no difference resolved")
+    text = report.bucketing_text(gain, masked_none, after_none, 0.42, 0.017)
+    assert "from 42% to 2%" in text and "only the second can act" in text and "little left to remove" in text
+    masked_up = arm_row(0.004, 0.001, 0.007, "higher")
+    after_up = arm_row(0.003, 0.001, 0.005, "higher")
+    text = report.bucketing_text(gain, masked_up, after_up, 0.42, 0.017)
+    assert "matters by itself" in text and "little left" not in text
+    text = report.bucketing_text(gain, None, None, 0.42, 0.017)
+    assert text.startswith("Bucketing does two things.") and "do not separate" not in text
+    with pytest.raises(ValueError, match="pad_random must be a share between 0 and 1, got 42"):
+        report.bucketing_text(gain, masked_none, after_none, 42, 0.017)
+
+
+# --- speed ---
+
+def _speed_runs(n, mask_speed, renorm_speed, kind="NVIDIA H100 80GB HBM3", jitter=0.002):
+    rng = np.random.default_rng(1)
+    rows = []
+    for masking, speed in (("none", 1.0), ("neg_inf", mask_speed), ("renormalize", renorm_speed)):
+        for s in range(n):
+            rows.append(dict(pooling="attention", masking=masking, rnn_input="packed", batching="random",
+                             precision="fp32", seed=s, test_accuracy=0.87, device=kind,
+                             tokens_per_s=70_000 * (1 + 0.1 * s) * speed * (1 + jitter * rng.standard_normal())))
+    return pd.DataFrame(rows)
+
+
+def test_speed_changes_pair_runs_and_skip_too_few():
+    speeds = report.speed_changes(_speed_runs(10, 0.95, 1.0), n_resamples=499)
+    row = speeds.set_index("condition").loc["−∞ mask"]
+    assert row.n_pairs == 10 and row.change == pytest.approx(-0.05, abs=0.003) and row.n_slower == 10
+    assert row.ci_low < row.change < row.ci_high
+    assert "masked mean pooling" not in set(speeds.condition)         # no runs
+    few = report.speed_changes(_speed_runs(MIN_PAIRS - 1, 0.95, 1.0), n_resamples=99)
+    assert few.empty
+
+
+def test_speed_sentence_at_its_edges():
+    one_impl = report.speed_changes(_speed_runs(10, 0.95, 1.0), n_resamples=499)
+    text = report.speed_sentence(one_impl)
+    assert text.startswith("On a GPU the −∞ mask trained 5.") and "slower than no mask" in text
+    assert "not to masking" in text
+    both = report.speed_sentence(report.speed_changes(_speed_runs(10, 0.95, 0.95), n_resamples=499))
+    assert "was about as slow" in both and "not to masking" not in both
+    none = report.speed_sentence(report.speed_changes(_speed_runs(10, 1.0, 1.0, jitter=0.01), n_resamples=499))
+    assert "is not resolved" in none
+    faster = report.speed_sentence(report.speed_changes(_speed_runs(10, 1.05, 1.0), n_resamples=499))
+    assert "faster than no mask" in faster
+    assert report.speed_sentence(pd.DataFrame()) == "No pair of runs measured the mask's speed."
+    assert report.speed_sentence(one_impl, kinds=("cpu",)) == "No pair of runs measured the mask's speed."
+
+
+def test_plot_paired_has_one_row_per_table_row():
+    answer = _answer()
+    frame = []
+    for a in ARMS:
+        for side in ("baseline", "condition"):
+            frame.append(pd.DataFrame({**dict(zip(FACTORS, getattr(a, side).split("/"))), "seed": range(8),
+                                       "test_accuracy": 0.87}))
+    runs = report.runs_by_kind(pd.concat(frame).drop_duplicates(FACTORS + ["seed"]), tuple(FACTORS),
+                               report.condition_id, "test_accuracy")
+    rows = answer.set_index("arm").loc[list(report.CHAPTER_ROWS)].reset_index()
+    fig = report.plot_paired(runs, rows, {"mask": "the mask"})
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(labels) == 5 and labels[0] == "the mask"
