@@ -24,17 +24,18 @@ def test_root_cause_sentence_words_each_side_once_and_counts_configurations():
                                          "library behaviour", "library behaviour"]
     assert table["root cause"].iloc[-1] == "its summary"
     assert rf.root_cause_sentence(table) == (
-        "Their failures have 4 root causes, each counted once: the caller's documented requirement (left padding "
-        "without position_ids, 4 configurations); a contract choice (NaN for a row with no real token, 5 "
-        "configurations); and library behaviour (a fill constant that overflows fp16, 1 configuration; its "
-        "summary, 1 configuration).")
+        "Their failures have four root causes, each counted once: one is the caller's documented requirement, "
+        "one a contract choice, and two are library behaviour.")
 
 
 def test_root_cause_sentence_at_its_edges():
     assert rf.root_cause_sentence(rf.root_cause_table(by_root())) == "No configuration failed a check."
     one = rf.root_cause_table(by_root(("contract", "empty-row-nan", "s", 1, 1, 1)))
-    assert rf.root_cause_sentence(one) == ("Their failures have one root cause: a contract choice (NaN for a row "
-                                           "with no real token, 1 configuration).")
+    assert rf.root_cause_sentence(one) == "Their failures have one root cause: a contract choice."
+    two = rf.root_cause_table(by_root(("library", "a", "s", 1, 1, 1), ("library", "b", "s", 1, 1, 1)))
+    assert rf.root_cause_sentence(two) == ("Their failures have two root causes, each counted once: two are "
+                                           "library behaviour.")
+    assert rf.count_word(0) == "no" and rf.count_word(9) == "nine" and rf.count_word(10) == "10"
     with pytest.raises(ValueError, match=r"failures without a known root cause: categories \['unexplained'\]"):
         rf.root_cause_table(by_root(("unexplained", "", "x", 1, 1, 1)))
 

@@ -56,6 +56,22 @@ def test_an_entry_past_its_time_limit_is_listed(monkeypatch):
     assert record["status"] == "not built" and record["reason"] == "ran past the time limit of 0.2 s"
 
 
+def test_an_isolated_entry_past_its_time_limit_is_stopped_whatever_it_runs(monkeypatch):
+    def stuck(entry, seed=0):
+        import time
+        time.sleep(60)
+    monkeypatch.setattr(sweep, "build", stuck)
+    record = sweep.audit_isolated(sweep.Entry("causal-lm", "gpt2", "GPT2LMHeadModel"), timeout=1.0)
+    assert record["status"] == "not built" and record["reason"] == "ran past the time limit of 1 s"
+    assert record["seconds"] < 10
+
+
+def test_an_isolated_entry_returns_the_same_record_as_in_process():
+    entry = sweep.Entry("causal-lm", "gpt2", "GPT2LMHeadModel")
+    isolated, direct = sweep.audit_isolated(entry), sweep.audit_entry(entry)
+    assert sweep.classify(isolated) == sweep.classify(direct)
+
+
 def test_the_command_writes_three_files_and_resumes_from_its_partial_file(tmp_path):
     out = tmp_path / "sweep.csv"
     stored = {"entry": "causal-lm:llama", "mapping": "causal-lm", "model_type": "llama",

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["padded_batch_figure", "differences_figure", "point_kind", "sweep_counts", "sweep_candidates",
-           "sweep_sentence", "root_cause_table", "root_cause_sentence", "SWEEP_CAUSES", "ROOT_WORDS", "SIDE_WORDS"]
+           "sweep_sentence", "root_cause_table", "root_cause_sentence", "count_word", "SWEEP_CAUSES", "ROOT_WORDS", "SIDE_WORDS"]
 
 #: The sweep's root causes (:func:`attnbook.audit.transformers_sweep.classify`) in reading order, with the words the
 #: chapter uses for each and whose side it is on: the caller's documented requirement or the library's behaviour.
@@ -230,27 +230,34 @@ def root_cause_table(by_root: pd.DataFrame) -> pd.DataFrame:
                          "checks": rows["checks"].astype(int).to_numpy()})
 
 
-def root_cause_sentence(table: pd.DataFrame) -> str:
-    """One sentence on :func:`root_cause_table`: how many root causes, and which side each is on.
+_NUMBER_WORDS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
-    ``"No configuration failed a check."`` for an empty table; otherwise, e.g. "Their failures have 3 root causes,
-    each counted once: the caller's documented requirement (left padding without position_ids, 4 configurations);
-    a contract choice (NaN for a row with no real token, 5 configurations); and library behaviour (...)."
+
+def count_word(n: int) -> str:
+    """``n`` as a word from zero to nine ("no" for zero), as digits from ten."""
+    return _NUMBER_WORDS[n] if 0 <= n < len(_NUMBER_WORDS) else str(n)
+
+
+def root_cause_sentence(table: pd.DataFrame) -> str:
+    """One sentence on :func:`root_cause_table`: how many root causes, and how many on each side.
+
+    ``"No configuration failed a check."`` for an empty table; otherwise, e.g. "Their failures have five root
+    causes, each counted once: one is the caller's documented requirement, one a contract choice, and three are
+    library behaviour."
     """
     if table.empty:
         return "No configuration failed a check."
-    parts = []
-    for side in SIDE_WORDS.values():
-        rows = table[table["whose side"] == side]
-        if rows.empty:
-            continue
-        causes = [f"{r['root cause']}, {_configurations(int(r['configurations']))}" for _, r in rows.iterrows()]
-        parts.append(f"{side} ({'; '.join(causes)})")
+    counts = [(side, int((table["whose side"] == side).sum())) for side in SIDE_WORDS.values()]
+    counts = [(side, k) for side, k in counts if k]
     n = len(table)
-    head = "Their failures have one root cause: " if n == 1 else f"Their failures have {n} root causes, each " \
-                                                                  "counted once: "
-    body = parts[0] if len(parts) == 1 else "; ".join(parts[:-1]) + "; and " + parts[-1]
-    return head + body + "."
+    parts = []
+    for j, (side, k) in enumerate(counts):
+        verb = ("is" if k == 1 else "are") if j == 0 or j == len(counts) - 1 else ""
+        parts.append(f"{count_word(k)} {verb} {side}".replace("  ", " "))
+    if n == 1:
+        return f"Their failures have one root cause: {counts[0][0]}."
+    body = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+    return f"Their failures have {count_word(n)} root causes, each counted once: {body}."
 
 
 def _names(items: Sequence[str]) -> str:

@@ -9,7 +9,7 @@ vocabulary 128, ...; :data:`SHRINK`, then :data:`OVERRIDES` per model type), bui
 :data:`CONDITIONS`: right padding; left padding without ``position_ids`` and with them counted from the mask; the
 model cast to fp16 and to bf16 (right padding). Every condition's audit includes the empty row (``empty_row``).
 
-Each entry runs under a time limit (``--timeout``) and a ``try``; an entry that cannot be built small, or whose
+Each entry runs in a forked process under a time limit (``--timeout``) and a ``try``; an entry that cannot be built small, or whose
 model cannot run on token ids alone (one that needs images or audio), is listed with the reason. Finished entries go
 to a partial file beside ``--out`` as they finish, so an interrupted sweep resumes where it stopped; the CSV (one row
 per entry, condition, check and mode), the Markdown summary and the JSON provenance record are written atomically at
@@ -42,7 +42,7 @@ import torch
 from attnbook.provenance import atomic_write_text, provenance, write_provenance
 
 __all__ = ["CONDITIONS", "SHRINK", "OVERRIDES", "Entry", "entries", "tiny_config", "build", "audit_entry",
-           "classify", "summary", "main", "LENGTHS", "MODES"]
+           "audit_isolated", "classify", "summary", "main", "LENGTHS", "MODES"]
 
 DEFAULT_OUT = Path("results/audit_transformers.csv")
 #: Row lengths of the audited batch (padded to 12; ``extra_padding`` pads to 24).
@@ -81,6 +81,10 @@ SHRINK: dict[str, Any] = {
     **dict.fromkeys(["num_experts_per_tok", "moe_topk", "top_k", "moe_k", "num_selected_experts"], 2),
     **dict.fromkeys(["max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "max_sequence_length",
                      "seq_length"], POSITIONS),
+    **dict.fromkeys(["mamba_d_state", "state_size", "ssm_state_size", "mamba_chunk_size"], 16),
+    **dict.fromkeys(["mamba_n_heads", "mamba_num_heads"], 8),
+    **dict.fromkeys(["mamba_d_head", "mamba_head_dim"], 8),
+    **dict.fromkeys(["mamba_d_ssm"], 64),
     "vocab_size": VOCAB,
 }
 
@@ -223,7 +227,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
         raise Timeout(f"ran past the time limit of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)  # fires again each second, should code catch it
     try:
         yield
     finally:
@@ -295,6 +299,51 @@ def audit_entry(entry: Entry, conditions: tuple[str, ...] = tuple(CONDITIONS), t
     except Exception as error:  # noqa: BLE001 - listed with its reason
         record.update(status="not built", reason=_reason(error), rows=[])
     record["seconds"] = round(time.perf_counter() - start, 2)
+    return record
+
+
+def audit_isolated(entry: Entry, timeout: float = 60.0, **kwargs: Any) -> dict[str, Any]:
+    """:func:`audit_entry` in a forked child process, killed after ``timeout`` seconds.
+
+    A time limit inside the process (:func:`audit_entry`'s) cannot stop a single long torch operation; a child
+    process can be stopped whatever it is doing. Where ``fork`` is not available, this is :func:`audit_entry`.
+
+    Returns:
+        The record of :func:`audit_entry`; when the child ran past ``timeout`` or died, a record with status
+        ``"not built"`` and the reason.
+    """
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return audit_entry(entry, timeout=timeout, **kwargs)
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            sender.send(audit_entry(entry, timeout=0, **kwargs))
+        finally:
+            sender.close()
+
+    start = time.perf_counter()
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    sender.close()
+    record = None
+    if receiver.poll(timeout):
+        with contextlib.suppress(EOFError):
+            record = receiver.recv()
+    process.join(1.0)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    receiver.close()
+    if record is None:
+        reason = (f"ran past the time limit of {timeout:g} s" if time.perf_counter() - start >= timeout
+                  else f"the process running it died (exit code {process.exitcode})")
+        record = {"entry": entry.key, "mapping": entry.mapping, "model_type": entry.model_type,
+                  "class": entry.class_name, "status": "not built", "reason": reason, "size": {}, "rows": [],
+                  "seconds": round(time.perf_counter() - start, 2)}
     return record
 
 
@@ -468,11 +517,15 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     previous = sum(r.get("seconds", 0.0) for r in done.values() if r["entry"] in {e.key for e in selected})
     partial.parent.mkdir(parents=True, exist_ok=True)
+    if any(e.key not in done for e in selected):
+        # warm up once in this process, so that each forked child starts with torch's and transformers' lazy
+        # initialization done (without it every child repeats it: about 3 s per entry instead of 0.3 s)
+        audit_entry(Entry("causal-lm", "gpt2", "GPT2LMHeadModel"), conditions=("right",), timeout=args.timeout)
     with partial.open("a") as sink:
         for k, entry in enumerate(selected, 1):
             if entry.key in done:
                 continue
-            record = audit_entry(entry, timeout=args.timeout)
+            record = audit_isolated(entry, timeout=args.timeout)
             done[entry.key] = record
             sink.write(json.dumps(record, default=str) + "\n")
             sink.flush()
