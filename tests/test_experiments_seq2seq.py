@@ -8,6 +8,7 @@ import signal
 import time
 from dataclasses import asdict, replace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -238,36 +239,49 @@ def test_length_gap_change_refuses_bad_input():
 
 
 NAN = float("nan")
+CORRECTED, NOT_YET = "not resolved after Holm's correction", "not yet answered"
 
 
-@pytest.mark.parametrize("diff, low, high, words", [
-    (6.7, 6.5, 6.8, "higher than the baseline, beyond seed noise"),
-    (-1.0, -1.7, -0.6, "lower than the baseline, beyond seed noise"),
-    (0.3, -0.5, 1.2, "within seed noise of the baseline"),
-    (0.0, 0.0, 0.0, "within seed noise of the baseline"),       # zero, equal bounds at zero
-    (2.0, 2.0, 2.0, "higher than the baseline, beyond seed noise"),   # equal bounds above zero
-    (0.4, 0.0, 0.9, "within seed noise of the baseline"),       # a bound at zero includes zero
-    (1.5, NAN, NAN, "higher than the baseline in the one seed"),
-    (-1.5, NAN, NAN, "lower than the baseline in the one seed"),
-    (0.0, NAN, NAN, "equal to the baseline in the one seed"),
+@pytest.mark.parametrize("verdict, diff, words", [
+    ("higher", 6.7, "higher than the baseline"),
+    ("lower", -1.0, "lower than the baseline"),
+    ("no difference resolved", 0.0, "within the run-to-run noise of the baseline"),
+    (CORRECTED, 3.3, "higher than the baseline on average, not resolved among this question's comparisons"),
+    (CORRECTED, -0.2, "lower than the baseline on average, not resolved among this question's comparisons"),
+    (NOT_YET, NAN, "not yet compared with the baseline"),
 ])
-def test_seed_verdict_at_its_edges(diff, low, high, words):
-    assert ex.seed_verdict(diff, low, high, "the baseline") == words
+def test_verdict_words_name_no_test_and_no_seed(verdict, diff, words):
+    assert ex.verdict_words(verdict, diff, "the baseline") == words
+    assert "seed" not in words and "Holm" not in words
+
+
+def test_verdict_words_refuse_an_unknown_verdict_or_a_missing_difference():
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        ex.verdict_words("beyond seed noise", 1.0, "B")
+    with pytest.raises(ValueError, match="mean_diff is NaN"):
+        ex.verdict_words(CORRECTED, NAN, "B")
+
+
+def _row(verdict, diff, low, high, n=3):
+    return {"verdict": verdict, "mean_diff": diff, "ci_low": low, "ci_high": high, "n_pairs": n}
 
 
 def test_paired_sentence_carries_one_effect_and_its_interval():
-    assert ex.paired_sentence("bahdanau's model", "the model without attention", 6.72, 6.51, 6.84) == (
-        "Bahdanau's model scores higher than the model without attention, beyond seed noise: +6.7 BLEU "
-        "(95% interval +6.5 to +6.8).")
-    assert ex.paired_sentence("Luong general", "Bahdanau's model", -1.0, -1.7, -0.6) == (
-        "Luong general scores lower than Bahdanau's model, beyond seed noise: -1.0 BLEU (95% interval -1.7 to -0.6).")
+    assert ex.paired_sentence("bahdanau's model", "the model without attention", _row("higher", 6.72, 6.51, 6.84)) == (
+        "Bahdanau's model scores higher than the model without attention: +6.7 BLEU (95% interval +6.5 to +6.8).")
+    assert ex.paired_sentence("Luong general", "Bahdanau's model", _row("lower", -1.0, -1.7, -0.6)) == (
+        "Luong general scores lower than Bahdanau's model: -1.0 BLEU (95% interval -1.7 to -0.6).")
     # a value that rounds to zero is +0.0, never -0.0
-    assert ex.paired_sentence("A", "B", -0.04, -0.3, 0.2) == (
-        "A scores within seed noise of B: +0.0 BLEU (95% interval -0.3 to +0.2).")
-    assert ex.paired_sentence("A", "B", 0.0123, 0.0104, 0.0141, unit="", digits=3) == (
-        "A scores higher than B, beyond seed noise: +0.012 (95% interval +0.010 to +0.014).")
-    assert ex.paired_sentence("A", "B", 2.0, NAN, NAN) == (
-        "A scores higher than B in the one seed: +2.0 BLEU (no interval from one seed).")
+    assert ex.paired_sentence("A", "B", _row("no difference resolved", -0.04, -0.3, 0.2)) == (
+        "A scores within the run-to-run noise of B: +0.0 BLEU (95% interval -0.3 to +0.2).")
+    assert ex.paired_sentence("A", "B", _row("higher", 0.0123, 0.0104, 0.0141), unit="", digits=3) == (
+        "A scores higher than B: +0.012 (95% interval +0.010 to +0.014).")
+    assert ex.paired_sentence("A", "B", _row("higher", 2.0, 2.0, 2.0)) == (            # equal bounds
+        "A scores higher than B: +2.0 BLEU (both 95% bounds round to +2.0).")
+    assert ex.paired_sentence("A", "B", _row(NOT_YET, 2.0, NAN, NAN, n=1)) == (
+        "A is not yet compared with B: 1 paired run, too few.")
+    assert ex.paired_sentence("A", "B", _row(NOT_YET, NAN, NAN, NAN, n=0)) == (
+        "A is not yet compared with B: no paired run, too few.")
 
 
 def test_interval_words():
@@ -275,27 +289,25 @@ def test_interval_words():
     assert ex.interval_words(0.0, 0.0) == "both 95% bounds round to +0.0"
     assert ex.interval_words(6.71, 6.74) == "both 95% bounds round to +6.7"
     assert ex.interval_words(-0.0123, 0.0456, digits=3) == "95% interval -0.012 to +0.046"
-    assert ex.interval_words(NAN, NAN) == "no interval from one seed"
+    assert ex.interval_words(NAN, NAN) == "no interval from one run"
 
 
-@pytest.mark.parametrize("change, low, high, words", [
-    (0.08, 0.07, 0.11, "grows"),
-    (-0.5, -0.9, -0.1, "shrinks"),
-    (-1.3, -5.4, 0.9, "does not change beyond seed noise"),
-    (0.0, 0.0, 0.0, "does not change beyond seed noise"),
-    (0.2, 0.2, 0.2, "grows"),
-    (0.2, NAN, NAN, "grows in the one seed"),
-    (-0.2, NAN, NAN, "shrinks in the one seed"),
-    (0.0, NAN, NAN, "does not change in the one seed"),
+@pytest.mark.parametrize("change, low, high, n, words", [
+    (0.08, 0.07, 0.11, 3, "grows"),
+    (-0.5, -0.9, -0.1, 3, "shrinks"),
+    (-1.3, -5.4, 0.9, 3, "does not change resolvably"),
+    (0.0, 0.0, 0.0, 3, "does not change resolvably"),
+    (0.2, 0.2, 0.2, 3, "grows"),                                  # equal bounds above zero
+    (0.2, 0.1, 0.3, 2, "is not yet measured over enough runs"),   # below the rule's three runs
+    (0.2, NAN, NAN, 1, "is not yet measured over enough runs"),
 ])
-def test_change_verdict_at_its_edges(change, low, high, words):
-    assert ex.change_verdict(change, low, high) == words
+def test_change_verdict_follows_the_one_rule_at_its_edges(change, low, high, n, words):
+    assert ex.change_verdict(change, low, high, n) == words
 
 
 @pytest.mark.parametrize("call", [
-    lambda: ex.seed_verdict(NAN, 0.0, 1.0, "B"),
-    lambda: ex.paired_sentence("A", "B", NAN, NAN, NAN),
-    lambda: ex.change_verdict(NAN, NAN, NAN),
+    lambda: ex.paired_sentence("A", "B", _row("higher", NAN, NAN, NAN)),
+    lambda: ex.change_verdict(NAN, NAN, NAN, 3),
 ])
 def test_templates_refuse_a_missing_difference(call):
     with pytest.raises(ValueError, match="mean_diff is NaN"):
@@ -304,8 +316,58 @@ def test_templates_refuse_a_missing_difference(call):
 
 def test_templates_refuse_half_an_interval_or_reversed_bounds():
     with pytest.raises(ValueError, match="give both bounds or neither"):
-        ex.seed_verdict(1.0, NAN, 2.0, "B")
+        ex.paired_sentence("A", "B", _row("higher", 1.0, NAN, 2.0))
     with pytest.raises(ValueError, match="give both bounds or neither"):
         ex.interval_words(0.5, NAN)
     with pytest.raises(ValueError, match=r"ci_low=2.0 is above ci_high=1.0"):
-        ex.change_verdict(1.5, 2.0, 1.0)
+        ex.change_verdict(1.5, 2.0, 1.0, 3)
+
+
+# ----------------------------------------------------------------------------------------------- comparisons
+def _runs(values):
+    """{model: [value per seed]} as one row per model and seed."""
+    return pd.DataFrame([{"model": m, "seed": s, "bleu_greedy": v, "bleu_beam": v + 1.0}
+                         for m, vs in values.items() for s, v in enumerate(vs)])
+
+
+def test_compare_decides_by_the_one_rule():
+    """The primary pair by its 95% interval; a secondary pair with three runs cannot pass Holm's correction
+    (Wilcoxon's smallest two-sided p on three pairs is 0.25); two runs are too few."""
+    import scipy.stats
+
+    runs = _runs({"none": [30.0, 31.0, 29.5], "bahdanau": [41.0, 40.5, 41.5], "luong-dot": [44.0, 43.0, 45.0]})
+    table = ex.compare(runs, ex.ATTENTION_PAIRS[:2] + (ex.Pair("luong-dot", "bahdanau"),)).set_index("condition")
+    row = table.loc["bahdanau"]
+    assert row.verdict == "higher" and row.n_pairs == 3 and row.primary
+    assert row.mean_diff == pytest.approx(np.mean([11.0, 9.5, 12.0]))
+    assert row.p_value == pytest.approx(scipy.stats.wilcoxon([11.0, 9.5, 12.0]).pvalue)
+    assert (table.loc[["luong-dot"], "verdict"] == CORRECTED).all()
+    two = ex.compare(runs[runs.seed < 2], ex.LAYER_PAIRS[:0] + (ex.Pair("bahdanau", "none", True),))
+    assert two.verdict.iloc[0] == NOT_YET
+
+
+def test_decoding_runs_pairs_beam_with_greedy():
+    runs = _runs({"none": [30.0, 31.0, 29.5], "bahdanau": [41.0, 40.5, 41.5]})
+    long = ex.decoding_runs(runs)
+    assert len(long) == 12 and set(long.model) == {"none, greedy", "none, beam", "bahdanau, greedy", "bahdanau, beam"}
+    table = ex.compare(long, ex.BEAM_PAIRS[:2], value="bleu")
+    assert table.mean_diff.tolist() == pytest.approx([1.0, 1.0])
+    assert table.verdict.iloc[0] == "higher"
+    with pytest.raises(ValueError, match=r"lacks the columns \['bleu_beam'\]"):
+        ex.decoding_runs(runs.drop(columns="bleu_beam"))
+
+
+def test_runs_behind_chapter_refuse_a_missing_or_different_store(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no stored runs 'nothing'"):
+        ex.runs_behind_chapter("nothing", start=tmp_path)
+    with pytest.raises(ValueError, match="made with another configuration: differs in"):
+        ex.runs_behind_chapter(config=replace(ex.Seq2SeqConfig.quick(), epochs=3))
+
+
+def test_paper_tables_show_the_papers_numbers_and_ours():
+    table = ex.paper_bleu_table({"none": 30.0, "bahdanau": 41.0})
+    assert table.loc[table.model == "RNNsearch-50", "BLEU"].item() == 26.75
+    assert table.model.tolist()[-2:] == ["no attention", "Bahdanau"]
+    sizes = {"train_pairs": 35_000, "src_vocab": 1000, "tgt_vocab": 1500, "test_pairs": 900, "test_sources": 600}
+    settings = ex.settings_table(ex.Seq2SeqConfig.quick(), sizes, 1.04)
+    assert settings.loc["training", "this chapter"].startswith("about 1.0 minutes per model on a CPU")

@@ -396,3 +396,43 @@ def test_sizes_and_lengths_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"tgt_in has batch 2 but memory has batch 3 \(shapes \(2, 4\) and "
                                          r"\(3, 6, 8\)\)"):
         model.decoder(src[:2, :4], enc.state, enc.memory, enc.mask)
+
+
+# ----------------------------------------------------------------------------------------------- beam_steps
+def _path_log_prob(model, src, lengths, tokens):
+    """Total log-probability of ``tokens`` (ending in <eos>) under teacher forcing: the model's forward pass, not
+    the search's own bookkeeping."""
+    tgt_in = torch.tensor([[BOS_ID] + tokens[:-1]])
+    logits, _ = model(src, lengths, tgt_in)
+    return F.log_softmax(logits, -1)[0, torch.arange(len(tokens)), torch.tensor(tokens)].sum().item()
+
+
+@pytest.mark.parametrize("kind", ["bahdanau", "luong-general"])
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_beam_steps_chosen_path_is_the_search_result_with_its_log_probability(kind, beam_size):
+    from attnbook.seq2seq import beam_steps
+
+    model = _model(kind)
+    src, lengths = pad_batch([SENTENCES[0]])
+    steps = beam_steps(model, src, lengths, beam_size=beam_size, max_len=6)
+    best = beam_search(model, src, lengths, beam_size=beam_size, max_len=6)
+    path = steps[steps.chosen].sort_values("step")
+    assert path.step.tolist() == list(range(1, steps.step.max() + 1))        # one chosen node per step
+    tokens = [t for t in path.token.tolist() if t != PAD_ID]
+    assert tokens[: len(best.tokens[0])] == best.tokens[0]
+    assert steps.groupby("step").size().max() <= beam_size
+    assert (steps.groupby("step").score.apply(lambda s: s.is_monotonic_decreasing)).all()   # ranked
+    ended = path[path.done]
+    if len(ended):   # the chosen hypothesis ended: its total score is the teacher-forced log-probability
+        full = tokens[: tokens.index(EOS_ID) + 1]
+        assert ended.score.iloc[-1] == pytest.approx(_path_log_prob(model, src, lengths, full), abs=1e-9)
+    if beam_size == 1:
+        assert tokens[: len(best.tokens[0])] == greedy_decode(model, src, lengths, max_len=6).tokens[0]
+
+
+def test_beam_steps_wants_one_sentence():
+    from attnbook.seq2seq import beam_steps
+
+    src, lengths = pad_batch(SENTENCES[:2])
+    with pytest.raises(ValueError, match=r"src must hold exactly one sentence, shape \(1, src_len\), got \(2, 6\)"):
+        beam_steps(_model("bahdanau"), src, lengths)

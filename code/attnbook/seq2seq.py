@@ -42,7 +42,7 @@ from .text import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = [
     "Encoder", "AttentionDecoder", "Seq2Seq", "DecoderState", "EncoderOutput", "Decoded", "make_seq2seq",
-    "MODEL_KINDS", "greedy_decode", "beam_search",
+    "MODEL_KINDS", "greedy_decode", "beam_search", "beam_steps",
 ]
 
 
@@ -510,7 +510,7 @@ def greedy_decode(model: Seq2Seq, src: Tensor, src_lengths: Tensor, max_len: int
 @torch.no_grad()
 def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 4, max_len: int = 50, *,
                 length_penalty: float = 1.0, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                pad_id: int = PAD_ID) -> Decoded:
+                pad_id: int = PAD_ID, trace: list | None = None) -> Decoded:
     """Batched beam search: keep the ``beam_size`` most probable partial translations of each sentence.
 
     At every step each live hypothesis is extended by every token, and the ``beam_size`` best extensions (by
@@ -525,6 +525,10 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
         beam_size: number of hypotheses kept per sentence (>= 1); the chapter uses 4.
         length_penalty: exponent of the length normalization of the final choice (>= 0).
         pad_id: the token that extends finished hypotheses.
+        trace: a list to which every step appends a dict of ``(batch, beam_size)`` CPU tensors: ``parent`` (the
+            rank, in the previous step's beam, of the hypothesis each one extends), ``token``, ``score`` (total
+            log-probability), ``done`` and ``n_tokens``; ``None`` (default) records nothing. :func:`beam_steps`
+            reads it.
 
     Returns:
         :class:`Decoded` with the best hypothesis per sentence; ``scores`` are the normalized scores.
@@ -573,6 +577,10 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
             history = torch.cat([history[parent], y[:, None]], 1)
             n_tokens = n_tokens[parent] + (~done[parent]).to(n_tokens.dtype)
             done = done[parent] | (y == eos_id)
+            if trace is not None:
+                trace.append({"parent": (index // vocab).cpu(), "token": y.reshape(batch, k).cpu(),
+                              "score": scores.cpu(), "done": done.reshape(batch, k).cpu(),
+                              "n_tokens": n_tokens.reshape(batch, k).cpu()})
             if w is not None:
                 step_w = w[parent][:, None, :]
                 attn_history = step_w if attn_history is None else torch.cat([attn_history[parent], step_w], 1)
@@ -587,3 +595,47 @@ def beam_search(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int
     if attn_history is not None:
         attn = [attn_history[b, : used[i], : int(src_lengths[i])].cpu() for i, b in enumerate(best.tolist())]
     return Decoded([list(t) for t in tokens], normalized.max(1).values.cpu(), attn)
+
+
+def beam_steps(model: Seq2Seq, src: Tensor, src_lengths: Tensor, beam_size: int = 4, max_len: int = 50, *,
+               length_penalty: float = 1.0, bos_id: int = BOS_ID, eos_id: int = EOS_ID, pad_id: int = PAD_ID):
+    """The beam of :func:`beam_search` at every step, for one sentence: what a figure of the search draws.
+
+    Args:
+        model, src, src_lengths, beam_size, max_len, length_penalty, bos_id, eos_id, pad_id: as in
+            :func:`beam_search`; ``src`` must hold exactly one sentence, shape ``(1, src_len)``.
+
+    Returns:
+        A pandas DataFrame with one row per step (1, 2, ...) and rank in the beam (0 = the highest total
+        log-probability): ``step, rank, parent`` (the rank at the previous step of the hypothesis it extends; at
+        step 1 all extend ``<bos>``, parent 0), ``token`` (id; ``pad_id`` for a finished hypothesis carried
+        along), ``score`` (total log-probability, natural log), ``done`` (it has produced ``<eos>``),
+        ``n_tokens`` (generated tokens, ``<eos>`` included) and ``chosen`` (on the path of the translation that
+        :func:`beam_search` returns). Ranks with a score of ``-inf`` (a beam wider than the candidates) are left
+        out.
+
+    Raises:
+        ValueError: ``src`` does not hold exactly one sentence; otherwise as :func:`beam_search`.
+
+    Chapter 4, section "Beam search".
+    """
+    import pandas as pd
+
+    if src.dim() != 2 or src.shape[0] != 1:
+        raise ValueError(f"src must hold exactly one sentence, shape (1, src_len), got {tuple(src.shape)}")
+    trace: list = []
+    beam_search(model, src, src_lengths, beam_size, max_len, length_penalty=length_penalty, bos_id=bos_id,
+                eos_id=eos_id, pad_id=pad_id, trace=trace)
+    rows = [{"step": step, "rank": rank, "parent": int(t["parent"][0, rank]), "token": int(t["token"][0, rank]),
+             "score": float(t["score"][0, rank]), "done": bool(t["done"][0, rank]),
+             "n_tokens": int(t["n_tokens"][0, rank])}
+            for step, t in enumerate(trace, start=1) for rank in range(t["score"].shape[1])]
+    frame = pd.DataFrame(rows)
+    last = frame[frame.step == frame.step.max()]
+    normalized = last.score / last.n_tokens.clip(lower=1) ** length_penalty
+    rank, chosen = int(last.loc[normalized.idxmax(), "rank"]), set()
+    for step in range(int(frame.step.max()), 0, -1):
+        chosen.add((step, rank))
+        rank = int(frame.loc[(frame.step == step) & (frame["rank"] == rank), "parent"].iloc[0])
+    frame["chosen"] = [(s, r) in chosen for s, r in zip(frame.step, frame["rank"])]
+    return frame[frame.score > float("-inf")].reset_index(drop=True)

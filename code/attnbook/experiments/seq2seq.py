@@ -28,6 +28,7 @@ stored. ``tools/gpu_job.sh seq2seq`` runs the stored comparison this way on a GP
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -52,7 +53,9 @@ __all__ = [
     "Seq2SeqConfig", "Seq2SeqResults", "make_batches", "train_model", "held_out_sources", "translate", "corpus_bleu",
     "token_accuracy", "length_bucket", "evaluate_model", "attention_spread", "attention_collapse", "run_experiment",
     "main", "LAYOUT", "LR_SCHEDULES", "StoredRuns", "read_runs", "stored_status", "length_gap_change",
-    "seed_verdict", "interval_words", "paired_sentence", "change_verdict", "paired_bleu_p",
+    "interval_words", "paired_sentence", "change_verdict", "paired_bleu_p", "MODEL_NAMES", "MODEL_SUBJECTS",
+    "runs_behind_chapter", "MODEL_COLORS", "PAPER_TABLE1", "PAPER_SETTINGS", "paper_bleu_table", "settings_table", "plot_bleu",
+    "plot_history", "plot_by_length", "beam_tree", "Pair", "ATTENTION_PAIRS", "LAYER_PAIRS", "LONG_PAIRS", "BEAM_PAIRS", "decoding_runs", "compare", "evidence_table", "verdict_words",
 ]
 
 
@@ -822,7 +825,7 @@ def _signed(x: float, digits: int) -> str:
 
 
 def _check_interval(mean_diff: float, ci_low: float, ci_high: float) -> bool:
-    """True if the bounds are an interval, False if both are NaN (one seed: no interval); else ValueError."""
+    """True if the bounds are an interval, False if both are NaN (one run: no interval); else ValueError."""
     if np.isnan(mean_diff):
         raise ValueError("mean_diff is NaN: there is no difference to describe")
     low_nan, high_nan = np.isnan(ci_low), np.isnan(ci_high)
@@ -833,74 +836,397 @@ def _check_interval(mean_diff: float, ci_low: float, ci_high: float) -> bool:
     return not low_nan
 
 
-def seed_verdict(mean_diff: float, ci_low: float, ci_high: float, baseline: str) -> str:
-    """How a paired difference stands against seed noise, in words that follow "X scores".
+# ------------------------------------------------------------------------------------------------- comparisons
+#: The readers' names of the model kinds, for tables and legends.
+MODEL_NAMES = {"none": "no attention", "bahdanau": "Bahdanau", "luong-dot": "Luong dot",
+               "luong-general": "Luong general", "luong-general-context": "Luong general, no layer"}
 
-    ``"higher than <baseline>, beyond seed noise"`` when the 95% interval lies above zero, ``"lower than
-    <baseline>, beyond seed noise"`` when it lies below, ``"within seed noise of <baseline>"`` when it includes zero
-    (a bound at zero counts as including it). With one seed there is no interval (both bounds NaN): ``"higher than
-    <baseline> in the one seed"``, ``"lower than ..."`` or ``"equal to <baseline> in the one seed"``, from the sign
-    of ``mean_diff``.
+#: The same models as the subject or object of a sentence.
+MODEL_SUBJECTS = {"none": "the model without attention", "bahdanau": "Bahdanau's model", "luong-dot": "Luong dot",
+                  "luong-general": "Luong general", "luong-general-context": "Luong general without the layer"}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One paired comparison of chapter 4: ``condition`` against ``baseline`` (conditions of :func:`compare`'s
+    runs, e.g. model kinds), over the runs both have with the same seed. ``primary``: the comparison its question
+    was designed to answer, decided by its 95% interval alone; the others in its family also need a corrected
+    p-value (the book's one rule, :func:`attnbook.evidence.verdict`)."""
+
+    condition: str
+    baseline: str
+    primary: bool = False
+
+
+#: The question "does attention help, and which score?" on the short sentences: Bahdanau et al.'s comparison
+#: (their RNNsearch against RNNencdec) is the primary one; the Luong scores and the ranking are a family around it.
+ATTENTION_PAIRS = (Pair("bahdanau", "none", primary=True), Pair("luong-dot", "none"), Pair("luong-general", "none"),
+                   Pair("luong-dot", "bahdanau"), Pair("luong-general", "bahdanau"))
+#: The question from practice, ``attention_layer_size``: the layer against the context itself.
+LAYER_PAIRS = (Pair("luong-general", "luong-general-context", primary=True),)
+#: The runs on all pairs (long sentences included): Bahdanau's comparison first, then Luong general.
+LONG_PAIRS = (Pair("bahdanau", "none", primary=True), Pair("luong-general", "none"),
+              Pair("luong-general", "bahdanau"))
+#: Beam search against greedy decoding, model by model (conditions of :func:`decoding_runs`); Bahdanau's model,
+#: the one the chapter decodes, is the primary comparison.
+BEAM_PAIRS = (Pair("bahdanau, beam", "bahdanau, greedy", primary=True),
+              *(Pair(f"{k}, beam", f"{k}, greedy") for k in ("none", "luong-dot", "luong-general")))
+
+
+def decoding_runs(runs: pd.DataFrame, models: Sequence[str] | None = None) -> pd.DataFrame:
+    """``runs`` (one row per model and seed, with ``bleu_greedy`` and ``bleu_beam``) as one row per model, seed and
+    decoding: columns ``model`` (``"<kind>, greedy"`` or ``"<kind>, beam"``), ``kind``, ``decoding``, ``seed`` and
+    ``bleu``, for :func:`compare` with :data:`BEAM_PAIRS`. ``models``: the kinds to keep (default all).
 
     Raises:
-        ValueError: ``mean_diff`` is NaN, only one bound is NaN, or ``ci_low > ci_high``.
+        ValueError: a column is missing. Chapter 4, section "Beam search"."""
+    missing = sorted({"model", "seed", "bleu_greedy", "bleu_beam"} - set(runs.columns))
+    if missing:
+        raise ValueError(f"runs lacks the columns {missing}")
+    if models is not None:
+        runs = runs[runs["model"].isin(models)]
+    long = runs.melt(id_vars=["model", "seed"], value_vars=["bleu_greedy", "bleu_beam"], var_name="decoding",
+                     value_name="bleu")
+    long["decoding"] = long["decoding"].str.removeprefix("bleu_")
+    long = long.rename(columns={"model": "kind"})
+    long.insert(0, "model", long["kind"] + ", " + long["decoding"])
+    return long.reset_index(drop=True)
 
-    Chapter 4, sections "How sure are we? Three seeds", "`attention_layer_size`" and "Runs on all pairs".
+
+def compare(runs: pd.DataFrame, pairs: Sequence[Pair], value: str = "bleu_greedy", *, n_resamples: int = 9999,
+            seed: int = 0) -> pd.DataFrame:
+    """Each comparison of ``pairs`` over the runs in ``runs`` (one row per ``model`` and ``seed``; a ``device``
+    column, if any, pairs runs only on the same kind of device), by the book's one rule.
+
+    Returns:
+        One row per pair (:func:`attnbook.experiments.masking_report.paired_table`): ``condition, baseline,
+        n_pairs``, ``mean_baseline, mean_condition, mean_diff`` (condition minus baseline, in the unit of
+        ``value``), ``ci_low, ci_high`` (bootstrap 95% interval of the mean paired difference), ``p_value``
+        (Wilcoxon), ``rank_biserial``, ``n_better, n_worse, n_equal``, ``primary``, ``p_holm`` (Holm over the
+        answered secondary pairs) and ``verdict`` (:func:`attnbook.evidence.verdict`: ``"higher"``, ``"lower"``,
+        ``"no difference resolved"``, :data:`attnbook.evidence.CORRECTED` or :data:`attnbook.evidence.NOT_YET`).
+
+    Raises:
+        ValueError: ``runs`` lacks ``model``, ``seed`` or ``value``, or a run occurs twice.
+
+    Chapter 4, sections "How sure are we?", "``attention_layer_size``", "Beam search" and "Runs on all pairs".
     """
-    if not _check_interval(mean_diff, ci_low, ci_high):
-        if mean_diff == 0:
-            return f"equal to {baseline} in the one seed"
-        return f"{'higher' if mean_diff > 0 else 'lower'} than {baseline} in the one seed"
-    if ci_low > 0:
-        return f"higher than {baseline}, beyond seed noise"
-    if ci_high < 0:
-        return f"lower than {baseline}, beyond seed noise"
-    return f"within seed noise of {baseline}"
+    from .masking_report import paired_table, runs_by_kind
 
+    frame = runs_by_kind(runs, ("model",), lambda row: row["model"], value)
+    return paired_table(frame, list(pairs), {}, value=value, n_resamples=n_resamples, seed=seed)
+
+
+def evidence_table(table: pd.DataFrame, labels: Mapping[str, str] | None = None, digits: int = 2) -> pd.DataFrame:
+    """The rows of :func:`compare` as the evidence page shows them: ``comparison`` ("condition − baseline" in the
+    readers' words, ``labels`` or :data:`MODEL_NAMES`), ``primary`` ("yes"/"no"), ``paired runs``, ``mean
+    difference``, ``95% interval``, ``Wilcoxon p``, ``Holm p`` ("–" for a primary comparison), ``rank-biserial``,
+    ``better / worse / equal`` (the paired runs in each direction) and ``verdict``. Chapter 4's evidence page."""
+    labels = {**MODEL_NAMES, **(labels or {})}
+
+    def name(condition: str) -> str:   # "bahdanau, beam" (decoding_runs) -> "Bahdanau, beam"
+        kind, _, rest = condition.partition(", ")
+        return labels.get(condition) or (f"{labels.get(kind, kind)}, {rest}" if rest else condition)
+
+    def fmt(x, spec=f"+.{digits}f"):
+        return "–" if pd.isna(x) else format(x, spec)
+
+    rows = []
+    for _, r in table.iterrows():
+        rows.append({
+            "comparison": f"{name(r['condition'])} − {name(r['baseline'])}",
+            "primary": "yes" if r["primary"] else "no", "paired runs": int(r["n_pairs"]),
+            "mean difference": fmt(r["mean_diff"]),
+            "95% interval": "–" if pd.isna(r["ci_low"]) else f"{fmt(r['ci_low'])} to {fmt(r['ci_high'])}",
+            "Wilcoxon p": fmt(r["p_value"], ".3f"), "Holm p": fmt(r["p_holm"], ".3f"),
+            "rank-biserial": fmt(r["rank_biserial"], "+.2f"),
+            "better / worse / equal": f"{int(r['n_better'])} / {int(r['n_worse'])} / {int(r['n_equal'])}",
+            "verdict": r["verdict"]})
+    return pd.DataFrame(rows)
 
 def interval_words(ci_low: float, ci_high: float, digits: int = 1) -> str:
     """``"95% interval +6.5 to +6.8"`` (signed, ``digits`` decimals), ``"both 95% bounds round to +6.5"`` when they
-    print the same, or ``"no interval from one seed"`` when both bounds are NaN. Raises ValueError for one NaN bound or ``ci_low > ci_high``. Chapter 4."""
+    print the same, or ``"no interval from one run"`` when both bounds are NaN. Raises ValueError for one NaN bound
+    or ``ci_low > ci_high``. Chapter 4."""
     if not _check_interval(0.0, ci_low, ci_high):
-        return "no interval from one seed"
+        return "no interval from one run"
     low, high = _signed(ci_low, digits), _signed(ci_high, digits)
     if low == high:  # a narrow interval: "95% interval +6.5 to +6.5" would read as a slip
         return f"both 95% bounds round to {low}"
     return f"95% interval {low} to {high}"
 
 
-def paired_sentence(subject: str, baseline: str, mean_diff: float, ci_low: float, ci_high: float,
-                    unit: str = "BLEU", digits: int = 1) -> str:
-    """One verdict sentence with one effect and its interval, e.g. ``"Bahdanau's model scores higher than the model
-    without attention, beyond seed noise: +6.7 BLEU (95% interval +6.5 to +6.8)."`` (:func:`seed_verdict` and
-    :func:`interval_words`; the subject's first letter is capitalized). Seed tallies and p-values belong in the
-    table beside it. Raises ValueError as :func:`seed_verdict` does. Chapter 4."""
-    verdict = seed_verdict(mean_diff, ci_low, ci_high, baseline)
-    unit = f" {unit}" if unit else ""
-    return (f"{subject[:1].upper()}{subject[1:]} scores {verdict}: {_signed(mean_diff, digits)}{unit} "
-            f"({interval_words(ci_low, ci_high, digits)}).")
-
-
-def change_verdict(mean_change: float, ci_low: float, ci_high: float) -> str:
-    """Whether an advantage changes with the source length (:func:`length_gap_change`), in words that follow "the
-    advantage": ``"grows"`` or ``"shrinks"`` when the 95% interval of the per-seed change excludes zero, else
-    ``"does not change beyond seed noise"``; with one seed (both bounds NaN) ``"grows in the one seed"``,
-    ``"shrinks in the one seed"`` or ``"does not change in the one seed"``.
+def verdict_words(verdict: str, mean_diff: float, baseline: str) -> str:
+    """A verdict of :func:`attnbook.evidence.verdict` in words that follow "X scores", naming no test:
+    ``"higher than <baseline>"``, ``"lower than <baseline>"``, ``"within the run-to-run noise of <baseline>"`` (no
+    difference resolved), ``"higher than <baseline> on average, not resolved among this question's comparisons"``
+    (resolved by its interval but not after the family's correction; "lower" by the sign of ``mean_diff``), or
+    ``"not yet compared with <baseline>"`` (too few paired runs).
 
     Raises:
-        ValueError: ``mean_change`` is NaN, only one bound is NaN, or ``ci_low > ci_high``.
+        ValueError: ``verdict`` is not one of :data:`attnbook.evidence.VERDICTS`, or ``mean_diff`` is NaN for a
+            corrected verdict.
+    """
+    from ..evidence import CORRECTED, NOT_YET, VERDICTS
+
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    if verdict in ("higher", "lower"):
+        return f"{verdict} than {baseline}"
+    if verdict == "no difference resolved":
+        return f"within the run-to-run noise of {baseline}"
+    if verdict == NOT_YET:
+        return f"not yet compared with {baseline}"
+    assert verdict == CORRECTED
+    if np.isnan(mean_diff):
+        raise ValueError("mean_diff is NaN: there is no difference to describe")
+    side = "higher" if mean_diff > 0 else "lower"
+    return f"{side} than {baseline} on average, not resolved among this question's comparisons"
+
+
+def paired_sentence(subject: str, baseline: str, row: Mapping, unit: str = "BLEU", digits: int = 1) -> str:
+    """One verdict sentence with one effect and its interval, from one row of :func:`compare`, e.g.
+    ``"Bahdanau's model scores higher than the model without attention: +10.3 BLEU (95% interval +9.9 to +10.9)."``
+    (:func:`verdict_words`, :func:`interval_words`; the subject's first letter is capitalized). Without enough
+    paired runs (``row["verdict"]`` is :data:`attnbook.evidence.NOT_YET`) it says only that, with the number.
+
+    Raises:
+        ValueError: as :func:`verdict_words`; ``mean_diff`` NaN with a verdict that has one; half an interval.
+    """
+    from ..evidence import NOT_YET
+
+    head = f"{subject[:1].upper()}{subject[1:]}"
+    if row["verdict"] == NOT_YET:
+        n = int(row["n_pairs"])
+        return (f"{head} is {verdict_words(NOT_YET, math.nan, baseline)}: "
+                f"{'no paired run' if n == 0 else f'{n} paired run' + ('s' if n > 1 else '')}, too few.")
+    _check_interval(row["mean_diff"], row["ci_low"], row["ci_high"])
+    unit = f" {unit}" if unit else ""
+    return (f"{head} scores {verdict_words(row['verdict'], row['mean_diff'], baseline)}: "
+            f"{_signed(row['mean_diff'], digits)}{unit} ({interval_words(row['ci_low'], row['ci_high'], digits)}).")
+
+
+def change_verdict(mean_change: float, ci_low: float, ci_high: float, n_runs: int) -> str:
+    """Whether an advantage changes with the source length (:func:`length_gap_change`, one value per run), in words
+    that follow "the advantage", by the book's one rule (:func:`attnbook.evidence.verdict`): ``"grows"`` or
+    ``"shrinks"`` when the 95% interval of the per-run change excludes zero, ``"does not change resolvably"`` when
+    it includes zero, ``"is not yet measured over enough runs"`` with fewer than
+    :data:`attnbook.evidence.MIN_PAIRS` runs or no interval.
+
+    Raises:
+        ValueError: ``mean_change`` is NaN, only one bound is NaN, ``ci_low > ci_high`` or ``n_runs < 0``.
 
     Chapter 4, sections "The bottleneck: quality against source length" and "Runs on all pairs".
     """
-    if not _check_interval(mean_change, ci_low, ci_high):
-        if mean_change == 0:
-            return "does not change in the one seed"
-        return f"{'grows' if mean_change > 0 else 'shrinks'} in the one seed"
-    if ci_low > 0:
-        return "grows"
-    if ci_high < 0:
-        return "shrinks"
-    return "does not change beyond seed noise"
+    from ..evidence import verdict
+
+    _check_interval(mean_change, ci_low, ci_high)
+    word = verdict(n_runs, ci_low, ci_high)
+    return {"higher": "grows", "lower": "shrinks", "no difference resolved": "does not change resolvably"}.get(
+        word, "is not yet measured over enough runs")
+
+
+# ------------------------------------------------------------------------------------------------- the chapter's tables
+def runs_behind_chapter(name: str = "seq2seq_quick", config: "Seq2SeqConfig | None" = None,
+                        start: str | Path | None = None) -> StoredRuns:
+    """The stored runs behind chapter 4's results tables, checked against the configuration they must have been
+    made with (default :meth:`Seq2SeqConfig.quick`, the chapter's sizes; models, seeds and threads aside).
+
+    Raises:
+        FileNotFoundError: the store ``results/<name>.csv`` (with its side tables and record) is not found.
+        ValueError: it was made with another configuration (the message names the entries that differ).
+
+    Chapter 4, section "Five models, one training loop".
+    """
+    stored = read_runs(name, start)
+    if stored is None:
+        raise FileNotFoundError(f"no stored runs {name!r} (results/{name}.csv with its side tables and record)")
+    status = stored.usable_for(asdict(Seq2SeqConfig.quick() if config is None else config))
+    if status != "used":
+        raise ValueError(f"the stored runs {name!r} were made with another configuration: {status}")
+    return stored
+
+
+#: Bahdanau et al. (2015), Table 1: BLEU on the WMT'14 English-French test set, all sentences and those without
+#: unknown words.
+PAPER_TABLE1 = {"RNNencdec-30": (13.93, 24.19), "RNNsearch-30": (21.50, 31.44), "RNNencdec-50": (17.82, 26.71),
+                "RNNsearch-50": (26.75, 34.16), "RNNsearch-50* (trained longer)": (28.45, 36.15),
+                "Moses (phrase-based)": (33.30, 35.63)}
+
+#: Bahdanau et al. (2015), sections 4-5 and appendix B: data, sizes and training of their models.
+PAPER_SETTINGS = {"words": 348e6, "vocab": 30_000, "hidden": 1000, "embed": 620, "batch": 80, "days": 5,
+                  "fig2_max_len": 60}
+
+
+def paper_bleu_table(ours: Mapping[str, float], label: str = "this chapter, Tatoeba En-Es") -> pd.DataFrame:
+    """Bahdanau et al.'s Table 1 (:data:`PAPER_TABLE1`) with our models below it: ``ours`` maps a model kind to its
+    BLEU (e.g. the mean beam-search BLEU of its runs), shown under the readers' names (:data:`MODEL_NAMES`).
+    Columns ``source, model, BLEU, BLEU, no unknown words`` (NaN for ours: our test has none). Chapter 4, section
+    "Beside the papers, for scale"."""
+    paper = [{"source": "Bahdanau et al. 2015, WMT'14 En-Fr", "model": m, "BLEU": a, "BLEU, no unknown words": b}
+             for m, (a, b) in PAPER_TABLE1.items()]
+    mine = [{"source": label, "model": MODEL_NAMES.get(k, k), "BLEU": float(v), "BLEU, no unknown words": np.nan}
+            for k, v in ours.items()]
+    return pd.DataFrame(paper + mine)
+
+
+def settings_table(cfg: "Seq2SeqConfig", sizes: Mapping[str, int], minutes_per_model: float,
+                   device: str = "a CPU") -> pd.DataFrame:
+    """Bahdanau et al.'s settings (:data:`PAPER_SETTINGS`) against ``cfg``'s: training data, sentence length,
+    vocabulary, model size, training and test references, one row each. ``sizes``: the prepared data's
+    :meth:`~attnbook.data.translation.TranslationData.sizes` (``train_pairs, src_vocab, tgt_vocab, test_pairs,
+    test_sources``); ``minutes_per_model``: the measured training time of one model on ``device``. Chapter 4."""
+    p = PAPER_SETTINGS
+    return pd.DataFrame({
+        "Bahdanau et al. 2015": [
+            f"{p['words'] / 1e6:.0f}M words (WMT'14 En-Fr)", "up to 30 or 50 words", f"{p['vocab']:,} per language",
+            f"{p['hidden']} units (encoder: {p['hidden']} per direction), embeddings {p['embed']}",
+            f"about {p['days']} days per model, Adadelta, batches of {p['batch']}",
+            "one reference, English-French news"],
+        "this chapter": [
+            f"{sizes['train_pairs']:,} Tatoeba pairs", f"up to {cfg.max_src_len} tokens",
+            f"{sizes['src_vocab']:,} (En) / {sizes['tgt_vocab']:,} (Es)",
+            f"{cfg.hidden_size} units (encoder: {cfg.hidden_size // 2} per direction), embeddings {cfg.embed_size}",
+            f"about {minutes_per_model:.1f} minutes per model on {device}, Adam, batches of {cfg.batch_size}",
+            f"all Tatoeba translations ({sizes['test_pairs']:,} for {sizes['test_sources']:,} sentences)"]},
+        index=["training data", "sentence length", "vocabulary", "model size", "training", "test references"])
+
+
+#: One colour per model kind in every figure of chapter 4.
+MODEL_COLORS = {"none": "0.3", "bahdanau": "C0", "luong-dot": "C1", "luong-general": "C2",
+                "luong-general-context": "C4"}
+
+
+def _style(kind: str) -> dict:
+    """The model's colour; the model without attention thick and dashed, as Bahdanau et al.'s Fig. 2 draws
+    RNNencdec."""
+    if kind == "none":
+        return dict(lw=2.5, ls="--", color=MODEL_COLORS["none"])
+    return dict(lw=1.2, color=MODEL_COLORS.get(kind))
+
+
+def plot_bleu(runs: pd.DataFrame, beam_size: int, order: Sequence[str] | None = None, ax=None):
+    """Grouped bars of BLEU per model, greedy and beam search: the mean over the runs, with a line from the lowest
+    to the highest run. ``runs``: one row per model and seed with ``bleu_greedy`` and ``bleu_beam``; ``order``: the
+    kinds to show (default as they occur), labelled with :data:`MODEL_NAMES`. Returns the axes. Chapter 4, section
+    "BLEU on held-out sentences"."""
+    import matplotlib.pyplot as plt
+
+    order = list(dict.fromkeys(runs["model"])) if order is None else list(order)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.2))
+    x = np.arange(len(order))
+    for shift, column, label in ((-0.2, "bleu_greedy", "greedy"), (0.2, "bleu_beam", f"beam {beam_size}")):
+        stats = runs.groupby("model")[column].agg(["mean", "min", "max"]).loc[order]
+        ax.bar(x + shift, stats["mean"], 0.4, label=label,
+               yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]], capsize=3)
+    ax.set_xticks(x, [MODEL_NAMES.get(k, k) for k in order], rotation=15, ha="right")
+    ax.set_ylabel("BLEU")
+    ax.legend(loc="lower right")
+    return ax
+
+
+def plot_history(history: pd.DataFrame, order: Sequence[str] | None = None, ax=None):
+    """Validation loss after each epoch per model: the mean over the runs (markers and a line), with a band from
+    the lowest to the highest run; legend in :data:`MODEL_NAMES`. Returns the axes. Chapter 4."""
+    import matplotlib.pyplot as plt
+
+    order = list(dict.fromkeys(history["model"])) if order is None else list(order)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.4))
+    for kind in order:
+        stats = history[history["model"] == kind].groupby("epoch")["valid_loss"].agg(["mean", "min", "max"])
+        line = ax.plot(stats.index, stats["mean"], marker="o", label=MODEL_NAMES.get(kind, kind), **_style(kind))[0]
+        ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
+    ax.set(xlabel="epoch", ylabel="validation loss (nats / token)")
+    ax.set_xticks(sorted(history["epoch"].unique()))
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    return ax
+
+
+def plot_by_length(by_length: pd.DataFrame, value: str = "bleu_greedy", order: Sequence[str] | None = None,
+                   ax=None, ylabel: str = "BLEU (greedy)"):
+    """``value`` against the source-length group, in the style of Bahdanau et al.'s Fig. 2: per model the mean
+    over the runs, with a band from the lowest to the highest run; under each group its number of test sentences;
+    groups without test sentences left out; legend in :data:`MODEL_NAMES`. Returns the axes. Chapter 4."""
+    import matplotlib.pyplot as plt
+
+    filled = by_length[by_length["sentences"] > 0]
+    order = list(dict.fromkeys(filled["model"])) if order is None else list(order)
+    groups = list(dict.fromkeys(filled["length"]))
+    sizes = filled.drop_duplicates("length").set_index("length")["sentences"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 3.6))
+    for kind in order:
+        stats = filled[filled["model"] == kind].groupby("length")[value].agg(["mean", "min", "max"])
+        stats = stats.reindex(groups).dropna(subset=["mean"])
+        x = [groups.index(g) for g in stats.index]
+        line = ax.plot(x, stats["mean"], marker="o", label=MODEL_NAMES.get(kind, kind), **_style(kind))[0]
+        ax.fill_between(x, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
+    ax.set_xticks(range(len(groups)), [f"{g}\n({sizes[g]})" for g in groups])
+    ax.set(xlabel="source length in tokens (sentences)", ylabel=ylabel)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def beam_tree(steps, labels: Sequence[str], *, ax=None, title: str | None = None):
+    """Draw a beam search as d2l draws it: one column per step, the kept hypotheses ranked top to bottom, each node
+    labelled with its token and total log-probability, joined to the node it extends; the returned translation's
+    path in bold, finished hypotheses carried along (``labels`` empty) as small grey dots.
+
+    Args:
+        steps: a table with one row per kept hypothesis and step, columns ``step, rank, parent, score, chosen``
+            (as :func:`attnbook.seq2seq.beam_steps` returns).
+        labels: one token string per row of ``steps`` (empty = a finished hypothesis carried along).
+        ax: axes to draw on; ``None`` = a new figure.
+        title: the axes' title.
+
+    Returns:
+        The axes.
+
+    Raises:
+        ValueError: ``labels`` does not have one entry per row of ``steps``, or a column is missing.
+
+    Chapter 4, section "Beam search".
+    """
+    import matplotlib.pyplot as plt
+
+    missing = sorted({"step", "rank", "parent", "score", "chosen"} - set(steps.columns))
+    if missing:
+        raise ValueError(f"steps lacks the columns {missing}")
+    if len(labels) != len(steps):
+        raise ValueError(f"{len(labels)} labels for {len(steps)} rows of steps")
+    n_steps, k = int(steps["step"].max()), int(steps["rank"].max()) + 1
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.35 * n_steps + 1.5, 0.55 * k + 1.2))
+    ax.grid(False)
+    kept = {(int(r.step), int(r.rank)) for r in steps.itertuples()}
+    for row, label in zip(steps.itertuples(), labels):
+        step, rank, parent = int(row.step), int(row.rank), int(row.parent)
+        bold = bool(row.chosen)
+        if step > 1 and (step - 1, parent) in kept:
+            ax.plot([step - 1, step], [parent, rank], color="black" if bold else "0.7", lw=2.0 if bold else 0.8,
+                    zorder=1)
+        elif step == 1:
+            ax.plot([0, 1], [0, rank], color="black" if bold else "0.7", lw=2.0 if bold else 0.8, zorder=1)
+        if label:
+            ax.text(step, rank, f"{label}\n{row.score:.1f}", ha="center", va="center", fontsize=7.5, zorder=2,
+                    fontweight="bold" if bold else "normal",
+                    bbox=dict(boxstyle="round,pad=0.25", fc="#fde9c9" if bold else "white", ec="0.5", lw=0.6))
+        else:
+            ax.plot(step, rank, "o", color="0.6", ms=3, zorder=2)
+    ax.text(0, 0, "<bos>", ha="center", va="center", fontsize=7.5, zorder=2,
+            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="0.5", lw=0.6))
+    ax.set_xlim(-0.6, n_steps + 0.6)
+    ax.set_ylim(k - 0.4, -0.6)
+    ax.set_xticks(range(n_steps + 1))
+    ax.set_yticks(range(k), [f"{r + 1}" for r in range(k)])
+    ax.set(xlabel="decoding step", ylabel="rank in the beam")
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title)
+    return ax
 
 
 def store_translation_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, cfg, *, layout: Layout,
