@@ -58,3 +58,41 @@ def test_multi_head_attention_equals_torch_with_copied_weights_and_translated_ma
                                   average_attn_weights=False)
     torch.testing.assert_close(out_ours, out_theirs, rtol=0, atol=1e-6)
     torch.testing.assert_close(ours.attention_weights, w_theirs, rtol=0, atol=1e-6)
+
+
+def test_causal_mask_renormalized_after_the_softmax_equals_minus_infinity_before_it():
+    """Chapter 3, section "Stage 3: the causal mask": zeroing the weights of later keys and renormalizing each row
+    gives the weights of a softmax over scores set to -inf above the diagonal, which is what torch's fused kernel
+    with is_causal=True computes (checked through its output) and what attnbook's masked_softmax gives."""
+    from attnbook.attention import causal_mask
+    from attnbook.masking import masked_softmax
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 5, 5, generator=g, dtype=torch.float64)
+    values = torch.randn(3, 5, 4, generator=g, dtype=torch.float64)
+    mask = causal_mask(5)
+    zeroed = torch.softmax(scores, -1) * mask
+    renormalized = zeroed / zeroed.sum(-1, keepdim=True)
+    minus_inf = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    torch.testing.assert_close(renormalized, minus_inf, rtol=0, atol=1e-15)
+    torch.testing.assert_close(masked_softmax(scores, mask), minus_inf, rtol=0, atol=1e-15)
+    # F.sdpa scales q.k by 1/sqrt(d); with q = scores-rows and k = I * sqrt(d) its logits are the scores themselves
+    q, k = scores, torch.eye(5, dtype=torch.float64).expand(3, 5, 5) * 5 ** 0.5
+    fused = F.scaled_dot_product_attention(q, k, values, is_causal=True)
+    torch.testing.assert_close(fused, minus_inf @ values, rtol=0, atol=1e-12)
+
+
+def test_self_attention_ignores_word_order():
+    """Chapter 3, section "Self-attention ignores word order": permuting the inputs of torch's
+    nn.MultiheadAttention (no mask, no positions) permutes its outputs the same way, and so for attnbook's."""
+    from torch import nn
+
+    from attnbook.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 8, dtype=torch.float64)
+    order = torch.tensor([5, 2, 0, 4, 1, 3])
+    theirs = nn.MultiheadAttention(8, 2, batch_first=True).double()
+    ours = MultiHeadAttention(embed_dim=8, num_heads=2).double()
+    for module, call in ((theirs, lambda m, t: m(t, t, t)[0]), (ours, lambda m, t: m(t, t, t))):
+        torch.testing.assert_close(call(module, x[:, order]), call(module, x)[:, order], rtol=0, atol=1e-12)

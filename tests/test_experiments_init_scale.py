@@ -371,26 +371,90 @@ def test_verdict_sentences_with_one_seed_negative_and_equal_bounds():
     assert "left the mean test accuracy at standard deviation 200 at 0.127:" in same["verdict"]  # not "from 0.127 to 0.127"
 
 
-def test_evidence_sentences_name_no_file_device_or_date():
-    page, stored = _verdict(n_seeds=3), _verdict()
-    used = ins.evidence_sentences(page, stored, mode="quick", page_epochs=4, stored_epochs=40)
-    assert used["evidence"] == ("The verdict comes from the stored runs, 10 seeds of 40 epochs per arm. "
-                                "This page's own smaller run (3 seeds of 4 epochs) agrees.")
-    assert used["source"] == "the stored runs"
-    other = ins.evidence_sentences(_verdict(n_seeds=1, mechanism="neither"), stored, mode="quick", page_epochs=4,
-                                   stored_epochs=40)
-    assert "run (one seed of 4 epochs) points to \"neither\" instead; the stored seeds outweigh it." in other["evidence"]
-    alone = ins.evidence_sentences(page, None, mode="quick", page_epochs=4)
-    assert alone["evidence"].startswith("The verdict comes from this page's own smaller run, 3 seeds of 4 epochs")
-    assert "resolves a difference only if" in alone["evidence"] and alone["source"] == "this page's own smaller run"
-    full = ins.evidence_sentences(_verdict(n_seeds=1), None, mode="full", page_epochs=40)
-    assert full["evidence"] == "The verdict comes from this page's own run, one seed of 40 epochs per arm."
-    for texts in (used, other, alone, full):
-        for text in texts.values():
-            assert not re.search(r"results/|\.csv|\.json|commit|CPU|GPU|20\d\d-|session|thread|worker", text)
-            assert not re.search(r"quick|full-mode|mode", text)  # no mode jargon on the page
-    with pytest.raises(ValueError, match="stored_epochs is needed with stored runs"):
-        ins.evidence_sentences(page, stored, mode="quick", page_epochs=4)
+def test_verdict_needs_min_pairs_seeds():
+    """The book's one rule: two seeds whose intervals lie above zero still give no verdict."""
+    cfg = ins.InitScaleConfig.quick()
+    acc = {(200.0, "adam"): 0.12, (200.0, "adam-scaled"): 0.40, (0.1, "adam"): 0.92, (200.0, "sgd"): 0.12,
+           (0.1, "sgd"): 0.90}
+    v = ins.mechanism_verdict(_summary(acc, seeds=(0, 1)), cfg)
+    assert v["step_low"] > 0 and v["saturation_low"] > 0 and v["mechanism"] == "neither"
+    text = ins.verdict_sentences(v)
+    assert "With 2 seeds the question is not yet answered: a verdict needs at least 3 paired runs." in text["verdict"]
+    assert text["verdict_short"] == "2 seeds do not separate the two mechanisms"
+
+
+def test_init_question_table_against_plain_means():
+    runs = pd.DataFrame({"init": ["0.1"] * 3 + ["200.0"] * 3 + ["xavier"] * 3, "optimizer": "adam",
+                         "test accuracy": [0.9, 0.92, 0.94, 0.1, 0.12, 0.14, 0.91, 0.93, 0.95]})
+    table = ins.init_question_table(runs)
+    assert table.columns.tolist() == ["initialization", "test accuracy", "95% interval", "runs"]
+    assert table["initialization"].tolist() == ["N(0, 0.1²)", "N(0, 200²)", "Xavier (normal)"]
+    assert table["test accuracy"].tolist() == ["0.920", "0.120", "0.930"]
+    assert table["runs"].tolist() == [3, 3, 3]
+    low, high = (float(x) for x in table.loc[1, "95% interval"].split(" to "))
+    assert 0.1 <= low <= 0.12 <= high <= 0.14
+    one = ins.init_question_table(runs.iloc[[0, 3, 6]])  # one run each: no interval
+    assert one["95% interval"].tolist() == ["–"] * 3
+
+
+def test_init_question_table_errors():
+    runs = pd.DataFrame({"init": ["0.1", "200.0", "xavier"], "optimizer": ["adam", "sgd", "adam"],
+                         "test accuracy": [0.9, 0.1, 0.9]})
+    with pytest.raises(ValueError, match=r"runs must use one optimizer, got \['adam', 'sgd'\]"):
+        ins.init_question_table(runs)
+    with pytest.raises(ValueError, match="runs lacks the column 'optimizer'"):
+        ins.init_question_table(runs.drop(columns="optimizer"))
+    with pytest.raises(ValueError, match=r"order names conditions with no runs: \['xavier'\]"):
+        ins.init_question_table(runs[runs.init == "0.1"].assign(optimizer="adam"), order=("0.1", "xavier"))
+
+
+@pytest.mark.parametrize("pairs,expected", [
+    ({"A": (0.1552, 0.127)}, "higher for A."),          # the case a reader caught: one seed above the mean
+    ({"A": (0.5, 0.6), "B": (-0.2, -0.1)}, "lower for A and B."),
+    ({"A": (0.1274, 0.1271)}, "equal to 3 decimals for A."),   # prints the same: not "higher"
+    ({"A": (0.0, 0.0)}, "equal to 3 decimals for A."),
+    ({"A": (0.9, 0.8), "B": (0.1, 0.2), "C": (0.3, 0.3)}, "higher for A, lower for B, and equal to 3 decimals for C."),
+    ({"A": (0.9, 0.8), "B": (0.1, 0.2)}, "higher for A, and lower for B."),
+])
+def test_comparison_sentence_follows_the_numbers(pairs, expected):
+    text = ins.comparison_sentence(pairs)
+    assert text == "Against the means of the full-scale runs, this build's single runs come out " + expected
+
+
+def test_comparison_sentence_with_its_own_lead():
+    text = ins.comparison_sentence({"0.1, Adam": (0.2, 0.1)}, lead="Their saturated shares come out")
+    assert text == "Their saturated shares come out higher for 0.1, Adam."
+
+
+def test_comparison_sentence_errors():
+    with pytest.raises(ValueError, match="pairs must name at least one value"):
+        ins.comparison_sentence({})
+    with pytest.raises(ValueError, match=r"pairs\['A'\] must be two finite numbers, got \(nan, 0.1\)"):
+        ins.comparison_sentence({"A": (float("nan"), 0.1)})
+
+
+def test_evidence_page_tables_and_figures():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = pd.DataFrame({"init": ["0.1", "0.1", "200.0"], "optimizer": ["adam", "adam", "sgd"], "seed": [0, 1, 0],
+                         "device": "cpu", "test accuracy": [0.8, 0.9, 0.1], "grad/weight (layer 1)": [1.0, 3.0, 1e-9]})
+    means = ins.arm_means(runs)
+    assert means.index.tolist() == [("0.1", "adam"), ("200.0", "sgd")]
+    assert means.loc[("0.1", "adam"), "test accuracy"] == pytest.approx(0.85) and "seed" not in means.columns
+    fig = ins.plot_init_scale(means.xs("adam", level="optimizer"))
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["N(0, 0.1²)"]
+    plt.close(fig)
+    steps = pd.DataFrame([{"init": init, "optimizer": opt, "seed": s, "step": step, "saturated": 0.5,
+                           "rel_update_1": 0.0 if step == 30 else 0.01, "rel_update_2": 0.02}
+                          for init, opt, *_ in ins.MECHANISM_ARMS for s in (0, 1) for step in (30, 60)])
+    per_step = ins.per_step_means(steps)
+    assert per_step.loc[("0.1", "adam", 60), "rel_update_1"] == pytest.approx(0.01)
+    fig = ins.plot_mechanisms(per_step)
+    assert len(fig.axes[1].lines) == len(ins.MECHANISM_ARMS)
+    plt.close(fig)
 
 
 def test_saturation_profile_at_its_extremes(data):

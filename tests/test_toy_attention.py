@@ -120,3 +120,10 @@ def test_share_words_errors(share):
 def test_config_errors(change, message):
     with pytest.raises(ValueError, match=message):
         toy.RunningMaxConfig(**change)
+
+
+def test_report_table_names_every_entry_in_words():
+    table = toy.report_table({"accuracy": 0.99951, "share": 0.9, "accuracy_no_mask": 0.6, "share_no_mask": 0.5})
+    assert table.columns.tolist() == ["small demonstration"]
+    assert table.index.tolist() == list(toy.REPORT_LABELS.values())
+    assert table.iloc[0, 0] == 1.0

@@ -39,7 +39,8 @@ from .attention import causal_mask
 from .masking import masked_softmax
 
 __all__ = ["RunningMaxConfig", "running_max_batch", "running_max", "TinySelfAttention", "make_model", "train_running_max",
-           "share_on_running_max", "evaluate", "score_table", "key_ranking", "share_words"]
+           "share_on_running_max", "evaluate", "REPORT_LABELS", "report_table", "score_table", "key_ranking",
+           "share_words"]
 
 
 @dataclass(frozen=True)
@@ -235,3 +236,17 @@ def key_ranking(table: np.ndarray) -> dict[str, float]:
     n = table.shape[0]
     rising = sum(bool(np.all(np.diff(table[a, a:]) > 0)) for a in range(n))
     return {"rising": rising, "n_queries": n, "top_gap": float(np.mean(table[:-1, -1] - table[:-1, -2]))}
+
+
+#: The reader's words for the entries of :func:`evaluate`.
+REPORT_LABELS = {"accuracy": "accuracy", "share": "weight on the largest digit so far",
+                 "accuracy_no_mask": "accuracy, mask removed",
+                 "share_no_mask": "weight on the largest digit so far, mask removed"}
+
+
+def report_table(report: dict[str, float], digits: int = 3):
+    """:func:`evaluate`'s ``report`` as a one-column table in the reader's words (:data:`REPORT_LABELS`), labelled
+    as a small demonstration (chapter 3, section "A trained head")."""
+    import pandas as pd
+
+    return pd.Series(report).rename(REPORT_LABELS).round(digits).to_frame("small demonstration")

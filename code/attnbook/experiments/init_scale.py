@@ -1,7 +1,8 @@
 """Why a classifier initialized with standard deviation 200 stays at chance: saturation, or steps too small?
 
-Explained in chapter 3, "Parametric attention" (``chapters/03_parametric_attention``), section "Initialization
-scale". The model is a one-hidden-layer tanh network on MNIST (:mod:`attnbook.data.mnist`), ``784 -> hidden -> 10``,
+Explained in chapter 3, "Parametric attention" (``chapters/03_parametric_attention``), section "Why initial
+weights of size 200 leave a classifier at chance" (one paragraph and a results table), and in full on its evidence
+page (``evidence/ch03``). The model is a one-hidden-layer tanh network on MNIST (:mod:`attnbook.data.mnist`), ``784 -> hidden -> 10``,
 whose weights are drawn from ``N(0, std^2)`` (or Xavier's normal initialization, Glorot and Bengio 2010), biases 0.
 
 Two mechanisms can stop it from learning at a large ``std``, and the *arms* of the experiment separate them:
@@ -19,7 +20,7 @@ steps actually taken. Adam's step is ``lr * m / (sqrt(v) + eps)``: a full ``lr``
 keeps its sign, and nothing for a weight whose gradient is exactly zero, as a saturated unit's is. So the gap between
 the scaled arm and the reference run is what a saturated network loses at a matched learning rate, the steps that
 saturation takes away from the first layer included; it is not the cost of saturation at equal realized steps
-(chapter 3 compares the realized relative updates of both layers).
+(the evidence page of chapter 3 compares the realized relative updates of both layers).
 
 Every training step records, before the update, the share of saturated hidden units (``|tanh z| > saturation``)
 and the mean largest softmax probability on the minibatch, and after it the relative update
@@ -41,8 +42,9 @@ The store (:data:`LAYOUT`) holds one row per run (an arm and a seed, on a kind o
 with the run's summary (:data:`SUMMARY_COLUMNS`, as :func:`run_arms` gives it, plus ``device``), the side table
 ``<name>_steps.csv`` with every :data:`STEP_EVERY`-th step record of each run (steps 30, 60, ...: once per epoch at
 these sizes, so a full run's 1,200 steps keep 40 rows; all of them would make the table some 14 MB), and its
-provenance in ``<name>.json``. Chapter 3 reads it with :func:`read_runs` and takes its verdict from it when the
-configuration is :meth:`InitScaleConfig.full`'s and every run is there (:meth:`StoredRuns.status`).
+provenance in ``<name>.json``. Chapter 3 and its evidence page (``evidence/ch03``) read it with :func:`read_runs`,
+and refuse it unless the configuration is :meth:`InitScaleConfig.full`'s and every run is there
+(:meth:`StoredRuns.status`).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ from ..store import (Layout, ResultsStore, collect_runs, config_differences, gri
                      run_grid_cli, run_grid_in_session)
 
 __all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "arm_id", "learning_rate", "load_data",
-           "make_classifier", "train_run", "saturation_profile", "run_arms", "paired_interval", "mechanism_verdict", "effect_text",
-           "verdict_sentences", "evidence_sentences", "SUMMARY_COLUMNS",
+           "make_classifier", "train_run", "INIT_LABELS", "init_question_table", "MECHANISM_ARMS", "arm_means",
+           "plot_init_scale", "per_step_means", "plot_mechanisms", "comparison_sentence", "saturation_profile", "run_arms", "paired_interval", "mechanism_verdict", "effect_text",
+           "verdict_sentences", "SUMMARY_COLUMNS",
            "STEP_COLUMNS", "STEP_EVERY", "LAYOUT", "store_config", "open_store", "run_grid", "StoredRuns",
            "read_runs", "main"]
 
@@ -319,7 +322,8 @@ def mechanism_verdict(summary: pd.DataFrame, cfg: InitScaleConfig, confidence: f
       learning rate ``lr / std``; the realized steps still differ, module docstring);
     - ``sgd``: SGD at ``reference_std`` minus SGD at ``large_std``.
 
-    A mechanism counts when its interval lies above zero. Returns a dict with ``mechanism`` (one of
+    A mechanism counts when :func:`attnbook.evidence.verdict` (the book's one rule) says "higher": at least
+    :data:`attnbook.evidence.MIN_PAIRS` paired seeds and an interval above zero. Returns a dict with ``mechanism`` (one of
     :data:`MECHANISMS`), ``n_seeds``, and for each difference ``{name}_mean``, ``{name}_low``, ``{name}_high``, plus
     the mean accuracy of the arms used (``acc_adam_large``, ``acc_scaled_large``, ``acc_adam_reference``,
     ``acc_sgd_large``, ``acc_sgd_reference``).
@@ -347,10 +351,44 @@ def mechanism_verdict(summary: pd.DataFrame, cfg: InitScaleConfig, confidence: f
                          "sgd": ("sgd_reference", "sgd_large")}.items():
         mean, low, high = paired_interval(series[a] - series[b], confidence)
         out.update({f"{name}_mean": mean, f"{name}_low": low, f"{name}_high": high})
-    step, saturation = out["step_low"] > 0, out["saturation_low"] > 0
+    from ..evidence import verdict   # the book's one rule: MIN_PAIRS paired runs, then the interval decides
+
+    step, saturation = (verdict(len(seeds), out[f"{name}_low"], out[f"{name}_high"]) == "higher"
+                        for name in ("step", "saturation"))
     out["mechanism"] = ("both" if step and saturation else "step size" if step else "saturation" if saturation
                         else "neither")
     return out
+
+
+#: The reader's words for the initializations of the sweep (chapter 3's results table).
+INIT_LABELS = {"0.1": "N(0, 0.1²)", "1.0": "N(0, 1²)", "10.0": "N(0, 10²)", "200.0": "N(0, 200²)",
+               "xavier": "Xavier (normal)"}
+
+
+def init_question_table(runs: pd.DataFrame, order: tuple = ("0.1", "200.0", "xavier")) -> pd.DataFrame:
+    """Chapter 3's results table for the question "why does a scale of 200 stay at chance?" (section "Why initial
+    weights of size 200 leave a classifier at chance"): one row per initialization in ``order``, with the mean test
+    accuracy over its runs, the 95% interval of that mean and the number of runs
+    (:func:`attnbook.evidence.summary_table`, three decimals).
+
+    Args:
+        runs: one row per run with ``init`` (text, as :func:`read_runs` gives it), ``optimizer`` and ``test
+            accuracy``; every run must use one optimizer, so that the rows differ only in their initialization.
+        order: the initializations to show, as text.
+
+    Raises:
+        ValueError: ``runs`` mixes optimizers, or lacks a column or an initialization of ``order``.
+    """
+    from ..evidence import summary_table
+
+    if "optimizer" not in runs.columns:
+        raise ValueError("runs lacks the column 'optimizer'")
+    optimizers = sorted(runs["optimizer"].unique())
+    if len(optimizers) != 1:
+        raise ValueError(f"runs must use one optimizer, got {optimizers}")
+    runs = runs.astype({"init": str})
+    table = summary_table(runs, "init", "test accuracy", digits=3, order=list(order), labels=INIT_LABELS)
+    return table.rename(columns={"condition": "initialization", "mean": "test accuracy"})
 
 
 def _signed(x: float) -> str:
@@ -389,8 +427,13 @@ def verdict_sentences(v: dict) -> dict[str, str]:
             f"{effect_text(v['step_mean'], v['step_low'], v['step_high'])}.")
     gap = (f"The run at 0.1 reached {v['acc_adam_reference']:.3f}, a paired difference from the scaled run of "
            f"{effect_text(v['saturation_mean'], v['saturation_low'], v['saturation_high'])}.")
+    from ..evidence import MIN_PAIRS
+
     if n == 1:
         meaning = "With one seed there is no interval, so the two mechanisms cannot be told apart."
+    elif n < MIN_PAIRS:
+        meaning = (f"With {n} seeds the question is not yet answered: a verdict needs at least {MIN_PAIRS} paired "
+                   "runs.")
     else:
         meaning = {
             "both": "Both intervals lie above zero: larger steps recover part of the accuracy, and at a matched "
@@ -412,50 +455,101 @@ def verdict_sentences(v: dict) -> dict[str, str]:
     return {"verdict": f"{step} {gap} {meaning}", "verdict_short": short}
 
 
-def evidence_sentences(page: dict, stored: dict | None, *, mode: str, page_epochs: int,
-                       stored_epochs: int | None = None) -> dict[str, str]:
-    """Where chapter 3's verdict comes from, in words (section "Initialization scale").
+# ------------------------------------------------------------------------------------------------- evidence page
+#: The arms that :func:`plot_mechanisms` draws: ``(init, optimizer, label, colour, line style)``.
+MECHANISM_ARMS = (("0.1", "adam", "0.1, Adam", "C0", "-"), ("0.1", "sgd", "0.1, SGD", "C0", ":"),
+                  ("200.0", "adam", "200, Adam", "C3", "-"), ("200.0", "sgd", "200, SGD", "C3", ":"),
+                  ("200.0", "adam-scaled", "200, Adam, scaled lr", "C2", "--"))
+
+
+def arm_means(runs: pd.DataFrame) -> pd.DataFrame:
+    """The mean over seeds of every numeric column of ``runs`` (one row per run), one row per arm, indexed by
+    ``(init, optimizer)`` in the order the arms first occur (evidence page of chapter 3)."""
+    return (runs.drop(columns=["seed", "device"], errors="ignore").astype({"init": str})
+            .groupby(["init", "optimizer"], sort=False).mean(numeric_only=True))
+
+
+def plot_init_scale(init_table: pd.DataFrame):
+    """Two bar charts over the initializations of ``init_table`` (:func:`arm_means` of the Adam arms, indexed by
+    ``init``): the test accuracy (dotted line: chance, 0.1) and the first layer's gradient norm over its weight norm
+    at initialization (log scale). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    labels = [INIT_LABELS.get(str(s), str(s)) for s in init_table.index]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    axes[0].bar(labels, init_table["test accuracy"], color="C0")
+    axes[0].axhline(0.1, color="0.3", ls=":", lw=1)
+    axes[0].set(ylabel="test accuracy", ylim=(0, 1))
+    axes[1].bar(labels, init_table["grad/weight (layer 1)"], color="C1")
+    axes[1].set(ylabel="‖∇W₁‖ / ‖W₁‖ at init", yscale="log")
+    for ax in axes:
+        ax.tick_params(axis="x", labelrotation=30)
+    fig.tight_layout()
+    return fig
+
+
+def per_step_means(steps: pd.DataFrame) -> pd.DataFrame:
+    """The step records of ``steps`` (:func:`read_runs`' side table) averaged over seeds, indexed by ``(init,
+    optimizer, step)``: ``saturated``, ``rel_update_1``, ``rel_update_2``."""
+    return steps.astype({"init": str}).groupby(["init", "optimizer", "step"])[
+        ["saturated", "rel_update_1", "rel_update_2"]].mean()
+
+
+def plot_mechanisms(per_step: pd.DataFrame):
+    """Three panels against the training step for the arms of :data:`MECHANISM_ARMS` (:func:`per_step_means`): the
+    saturated share on the minibatch, and the relative update of the first and the last layer (log scale; steps
+    that did not move a layer are left out). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+    for init, optimizer, label, color, style in MECHANISM_ARMS:
+        curve = per_step.loc[(init, optimizer)]
+        axes[0].plot(curve.index, curve.saturated, style, color=color, label=label)
+        for ax, column in zip(axes[1:], ("rel_update_1", "rel_update_2")):
+            ax.plot(curve.index, curve[column].where(curve[column] > 0), style, color=color, label=label)
+    axes[0].set(xlabel="training step", ylabel="saturated share", ylim=(0, 1.02))
+    axes[1].set(xlabel="training step", ylabel="‖ΔW₁‖ / ‖W₁‖", yscale="log")
+    axes[2].set(xlabel="training step", ylabel="‖ΔW₂‖ / ‖W₂‖", yscale="log")
+    axes[2].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def comparison_sentence(pairs: dict[str, tuple[float, float]], digits: int = 3,
+                        reference: str = "the means of the full-scale runs", lead: str | None = None) -> str:
+    """How single values compare with reference means, in one sentence whose words follow the numbers.
 
     Args:
-        page: :func:`mechanism_verdict` of the page's own run, made in ``mode`` with ``page_epochs`` epochs.
-        stored: :func:`mechanism_verdict` of the stored runs (made with ``stored_epochs`` epochs), or None
-            when they are not used (:meth:`StoredRuns.status`).
+        pairs: a label (e.g. ``"the accuracy at 0.1 with Adam"``) -> ``(value, reference mean)``, finite floats.
+        digits: the precision at which the two are compared (as the table prints them): values that print the same
+            are "equal".
+        reference: what the means are, in words.
+        lead: the sentence's opening words before the directions; default ``"Against <reference>, this build's
+            single runs come out"``.
 
-    Returns ``"evidence"`` (one or two sentences), ``"evidence_short"`` (a clause: the mean over which seeds),
-    ``"quick_limit"`` (a clause for "what quick mode cannot show") and ``"source"`` (the runs the verdict comes
-    from). No sentence names a file, a device or a date: those are in the appendix "How the numbers were made".
+    Returns e.g. ``"Against the means of the full-scale runs, this build's single runs come out higher for A,
+    lower for B and C, and equal to 3 decimals for D."``; each direction appears only if some pair takes it.
 
     Raises:
-        ValueError: ``stored`` is given without ``stored_epochs``.
+        ValueError: ``pairs`` is empty or holds a value that is not finite.
     """
-    def seeds(n: int) -> str:
-        return "one seed" if n == 1 else f"{n} seeds"
-
-    own = "this page's own smaller run" if mode == "quick" else "this page's own run"
-    if stored is not None:
-        if stored_epochs is None:
-            raise ValueError("stored_epochs is needed with stored runs")
-        n = stored["n_seeds"]
-        answer = ("agrees" if page["mechanism"] == stored["mechanism"]
-                  else f"points to \"{page['mechanism']}\" instead; the stored seeds outweigh it")
-        return {
-            "evidence": (f"The verdict comes from the stored runs, {seeds(n)} of {stored_epochs} epochs per arm. "
-                         f"{own[0].upper()}{own[1:]} ({seeds(page['n_seeds'])} of {page_epochs} epochs) {answer}."),
-            "evidence_short": f"mean over the {seeds(n)} of the stored runs",
-            "quick_limit": "the mechanism verdict comes from the stored runs instead",
-            "source": "the stored runs",
-        }
-    n = page["n_seeds"]
-    evidence = f"The verdict comes from {own}, {seeds(n)} of {page_epochs} epochs per arm."
-    if mode == "quick":
-        evidence += (" A run this small shows the mechanisms and the direction of each difference, but it resolves a "
-                     "difference only if it is large against the spread between seeds.")
-    return {
-        "evidence": evidence,
-        "evidence_short": f"mean over the {seeds(n)} of {own}",
-        "quick_limit": "the mechanism verdict rests on those seeds alone",
-        "source": own,
-    }
+    if not pairs:
+        raise ValueError("pairs must name at least one value")
+    groups: dict[str, list[str]] = {"higher": [], "lower": [], f"equal to {digits} decimals": []}
+    for label, (value, mean) in pairs.items():
+        if not (np.isfinite(value) and np.isfinite(mean)):
+            raise ValueError(f"pairs[{label!r}] must be two finite numbers, got {(value, mean)}")
+        a, b = round(float(value), digits), round(float(mean), digits)
+        groups["higher" if a > b else "lower" if a < b else f"equal to {digits} decimals"].append(label)
+    parts = [f"{word} for {_join(labels)}" for word, labels in groups.items() if labels]
+    joined = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+    if lead is None:
+        lead = f"Against {reference}, this build's single runs come out"
+    return f"{lead} {joined}."
 
 
 # ------------------------------------------------------------------------------------------------- the results store
