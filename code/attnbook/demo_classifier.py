@@ -81,10 +81,7 @@ class AttentionBagClassifier(nn.Module):
         self.head = nn.Linear(dim, 1)
 
     def forward(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        if ids.dim() != 2 or lengths.shape != ids.shape[:1]:
-            raise ValueError(f"ids must be (B, T) and lengths (B,), got {tuple(ids.shape)} and {tuple(lengths.shape)}")
-        if len(lengths) and (int(lengths.min()) < 1 or int(lengths.max()) > ids.shape[1]):
-            raise ValueError(f"lengths must lie in 1..{ids.shape[1]}, got {int(lengths.min())}..{int(lengths.max())}")
+        _check_ids_lengths(ids, lengths)
         width = int(lengths.max()) if len(lengths) else 0
         x = self.embedding(ids[:, :width])  # (B, T', d)
         keys, values = self.W_K(x), self.W_V(x)  # (B, T', d) each
@@ -92,6 +89,14 @@ class AttentionBagClassifier(nn.Module):
         weights = masked_softmax(scores, lengths_to_mask(lengths, width))
         pooled = torch.einsum("bt,btd->bd", weights, values)  # (B, d)
         return self.head(pooled).squeeze(-1), weights
+
+
+def _check_ids_lengths(ids: Tensor, lengths: Tensor) -> None:
+    """Raise ValueError unless ``ids`` is ``(B, T)`` and ``lengths`` is ``(B,)`` with values in ``1..T``."""
+    if ids.dim() != 2 or lengths.shape != ids.shape[:1]:
+        raise ValueError(f"ids must be (B, T) and lengths (B,), got {tuple(ids.shape)} and {tuple(lengths.shape)}")
+    if len(lengths) and (int(lengths.min()) < 1 or int(lengths.max()) > ids.shape[1]):
+        raise ValueError(f"lengths must lie in 1..{ids.shape[1]}, got {int(lengths.min())}..{int(lengths.max())}")
 
 
 @contextlib.contextmanager
@@ -341,3 +346,96 @@ def zero_up_to_rounding(largest: float, tolerance: float) -> str:
     if largest <= tolerance:
         return f"zero up to rounding (at most {largest:.1e})"
     return f"not zero (up to {largest:.1e})"
+
+
+def first_correct(model: AttentionBagClassifier, vocab, reviews: pd.DataFrame, label: int, *,
+                  max_tokens: int = 30) -> tuple[str, pd.DataFrame, float]:
+    """The first review in ``reviews`` with gold ``label`` and at most ``max_tokens`` tokens that ``model``
+    classifies correctly (``p(positive) > 0.5`` exactly when ``label`` is 1), so that a figure shows a review the
+    model gets right, chosen by code rather than by hand.
+
+    Args:
+        reviews: DataFrame with columns ``text`` (str) and ``label`` (0 or 1), e.g. ``demo["splits"]["test"]``.
+        label: 0 (negative) or 1 (positive).
+        max_tokens: the longest review (in tokens of :func:`attnbook.text.tokenize`) to consider, ``>= 1``.
+
+    Returns:
+        ``(text, table, p_positive)`` with ``table`` as from :func:`word_weights`.
+
+    Raises:
+        ValueError: ``label`` is not 0 or 1, or ``max_tokens < 1``.
+        LookupError: no review qualifies (the message names the label and the limit).
+
+    Chapter 1, section "A trained model reads a review".
+    """
+    from .text import tokenize
+
+    if label not in (0, 1):
+        raise ValueError(f"label must be 0 or 1, got {label!r}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    for text in reviews.loc[reviews["label"] == label, "text"]:
+        if len(tokenize(text)) <= max_tokens:
+            table, p_pos = word_weights(model, vocab, text)
+            if (p_pos > 0.5) == bool(label):
+                return text, table, p_pos
+    raise LookupError(f"no review with label {label} and at most {max_tokens} tokens is classified correctly")
+
+
+@torch.no_grad()
+def score_range(model: AttentionBagClassifier, vocab, texts, max_len: int = 192) -> tuple[float, float]:
+    """The smallest and largest attention score ``s_t = q . k_t / sqrt(d)`` (before the softmax) that ``model``
+    gives any real token of ``texts`` (an iterable of str), as floats. Pads are left out.
+
+    Raises:
+        ValueError: ``texts`` is empty.
+
+    Chapter 1, section "BERT's additive -10 000 is an approximation" (how large trained scores are).
+    """
+    from .data.reviews import encode
+
+    texts = list(texts)
+    if not texts:
+        raise ValueError("texts must hold at least one review")
+    ids, lengths = encode(texts, vocab, max_len=max_len)
+    model.eval()
+    keys = model.W_K(model.embedding(ids))                                   # (n, T, d)
+    scores = keys @ model.query / math.sqrt(keys.shape[-1])                  # (n, T)
+    real = lengths_to_mask(lengths, ids.shape[1])
+    return float(scores[real].min()), float(scores[real].max())
+
+
+def model_source(cls: type = AttentionBagClassifier) -> str:
+    """The source of ``cls`` without its docstrings, for a page to show how few
+    lines the model is (chapter 1, section "A trained model reads a review")."""
+    import inspect
+    import textwrap
+
+    lines = textwrap.dedent(inspect.getsource(cls)).splitlines()
+    doc = ast_docstring_lines(cls)
+    kept = [line for n, line in enumerate(lines, start=1) if n not in doc]
+    text = "\n".join(kept)
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    head, _, body = text.strip().partition("\n")
+    return head + "\n" + body.lstrip("\n") + "\n"
+
+
+def ast_docstring_lines(cls: type) -> set[int]:
+    """Line numbers (1-based, within ``inspect.getsource(cls)``) of the class's and its methods' docstrings."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                    and isinstance(first.value.value, str):
+                lines.update(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+__all__ += ["first_correct", "score_range", "model_source"]

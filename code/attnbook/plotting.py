@@ -115,3 +115,272 @@ def attention_heatmap(
     if colorbar:
         ax.figure.colorbar(image, ax=ax, label=colorbar_label, fraction=0.046, pad=0.04)
     return ax
+
+
+# ------------------------------------------------------------------------------------ chapter 1 and chapter 2 figures
+def word_weight_bars(panels: dict, *, top: int = 3, figsize: tuple[float, float] = (9, 6.5)) -> plt.Figure:
+    """Attention weight per word of one or more texts as horizontal bars, side by side, words in reading order
+    from the top; the ``top`` largest weights of each text darker, and a dotted line at the uniform weight ``1/n``
+    (what mean pooling would give each word).
+
+    Args:
+        panels: ``{title: table}`` with ``table`` a DataFrame with columns ``token`` (str) and ``weight`` (float),
+            as :func:`attnbook.demo_classifier.word_weights` returns; one panel per entry, in order.
+        top: how many of each text's largest weights are drawn darker (``>= 0``).
+
+    Returns:
+        The figure.
+
+    Raises:
+        ValueError: ``panels`` is empty, a table lacks a column or is empty, or ``top < 0``.
+
+    Chapter 1, section "A trained model reads a review" (Fig. ``fig-review-weights``).
+    """
+    if not panels:
+        raise ValueError("panels must hold at least one {title: table}")
+    if top < 0:
+        raise ValueError(f"top must be >= 0, got {top}")
+    for title, table in panels.items():
+        missing = {"token", "weight"} - set(table.columns)
+        if missing or len(table) == 0:
+            raise ValueError(f"panel {title!r} needs a non-empty table with columns token and weight; "
+                             f"missing {sorted(missing)}, {len(table)} rows")
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize, constrained_layout=True, squeeze=False)
+    for ax, (title, table) in zip(axes[0], panels.items()):
+        largest = set(table["weight"].nlargest(top).index) if top else set()
+        colours = ["C0" if i in largest else "#9ecae1" for i in table.index]
+        ax.barh(range(len(table)), table["weight"], color=colours)
+        ax.axvline(1 / len(table), color="grey", linestyle=":")
+        ax.set_yticks(range(len(table)), table["token"])
+        ax.invert_yaxis()
+        ax.set_xlabel("attention weight $\\alpha_t$")
+        ax.set_title(title)
+    return fig
+
+
+def mass_and_prediction(sweep, *, figsize: tuple[float, float] = (8, 3.2)) -> plt.Figure:
+    """Two panels against the number of pads: the attention mass on the real tokens, and the probability that a
+    fixed head assigns with and without the mask (a dotted line at 0.5).
+
+    Args:
+        sweep: DataFrame with columns ``pads``, ``mass m``, ``p(masked)`` and ``p(unmasked)``.
+
+    Raises:
+        ValueError: a column is missing.
+
+    Chapter 1, section "What padding does when it is not masked" (Fig. ``fig-mass-vs-padding``).
+    """
+    missing = {"pads", "mass m", "p(masked)", "p(unmasked)"} - set(sweep.columns)
+    if missing:
+        raise ValueError(f"sweep lacks the columns {sorted(missing)}")
+    fig, (ax_m, ax_p) = plt.subplots(1, 2, figsize=figsize)
+    ax_m.plot(sweep["pads"], sweep["mass m"], marker=".")
+    ax_m.set_xlabel("number of pad tokens $P$")
+    ax_m.set_ylabel("attention mass on real tokens $m$")
+    ax_p.plot(sweep["pads"], sweep["p(masked)"], label="masked")
+    ax_p.plot(sweep["pads"], sweep["p(unmasked)"], label="unmasked")
+    ax_p.axhline(0.5, color="grey", linestyle=":")
+    ax_p.set_xlabel("number of pad tokens $P$")
+    ax_p.set_ylabel("predicted probability")
+    ax_p.legend(loc="upper right", bbox_to_anchor=(1.0, 0.8))
+    fig.tight_layout()
+    return fig
+
+
+def thin_tick_labels(ax: plt.Axes, n: int = 8) -> plt.Axes:
+    """Keep about ``n`` of a heatmap's tick labels on each axis (every k-th), so that they stay readable; x labels
+    are turned upright. Returns ``ax``. Raises ValueError for ``n < 1``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    for axis in (ax.xaxis, ax.yaxis):
+        ticks, labels = axis.get_ticklocs(), [t.get_text() for t in axis.get_ticklabels()]
+        step = max(1, -(-len(ticks) // n))
+        axis.set_ticks(ticks[::step], labels[::step])
+    ax.tick_params(axis="x", labelrotation=90)
+    return ax
+
+
+def bandwidth_sweep_grid(fits: dict, x_train, y_train, x_test, y_truth, *, tick_labels: int = 5,
+                         ylim: tuple[float, float] = (-1.5, 5.5)) -> plt.Figure:
+    """A column per bandwidth: the attention matrix on top (queries = test inputs, keys = training inputs, each
+    panel with its own colour scale), the fit below with the training data and the true function (dashed).
+
+    Args:
+        fits: ``{h: (fit (n_test,), weights (n_test, n_train))}`` as ``nadaraya_watson(..., return_weights=True)``
+            returns them, one column per entry in order.
+        x_train, y_train: training inputs (sorted) and labels, ``(n_train,)``.
+        x_test, y_truth: test inputs and the true function there, ``(n_test,)``.
+
+    Raises:
+        ValueError: ``fits`` is empty.
+
+    Chapter 2, section "Choosing the bandwidth" (Fig. ``fig-kr-sweep``).
+    """
+    if not fits:
+        raise ValueError("fits must hold at least one bandwidth")
+    train_labels = [f"{float(v):.2f}" for v in x_train]
+    test_labels = [f"{float(v):.2f}" for v in x_test]
+    fig, axes = plt.subplots(2, len(fits), figsize=(3 * len(fits), 6.2), squeeze=False,
+                             gridspec_kw={"height_ratios": [1.2, 1]})
+    for col, (h, (fit, w)) in enumerate(fits.items()):
+        ax = axes[0, col]
+        attention_heatmap(w, train_labels, test_labels, ax=ax, title=f"h = {h:g}", xlabel="training input (key)",
+                          ylabel="test input (query)" if col == 0 else "")
+        thin_tick_labels(ax, n=tick_labels)
+        ax = axes[1, col]
+        ax.scatter(x_train, y_train, s=8, color="0.6")
+        ax.plot(x_test, y_truth, "k--", lw=1)
+        ax.plot(x_test, fit, color="C0")
+        ax.set(xlabel="$x$", ylabel="$y$" if col == 0 else "", ylim=ylim)
+    fig.tight_layout()
+    return fig
+
+
+def kernel_shapes_and_fits(kernels: dict, x_train, y_train, x_test, y_truth, *, sd: float) -> plt.Figure:
+    """Left: each kernel's weight profile over the distance to the query, scaled to unit area; right: its fit.
+
+    Args:
+        kernels: ``{name: (log_kernel, radius, h, fit)}``: ``log_kernel`` and ``radius`` as in
+            :data:`attnbook.kernels.KERNELS`, ``h`` the bandwidth used, ``fit`` the predictions at ``x_test``.
+        x_train, y_train, x_test, y_truth: the data and the true function at ``x_test``, 1-D.
+        sd: the common standard deviation (in x) of the kernels; the profiles are drawn over ``±2.5 sd``.
+
+    Raises:
+        ValueError: ``kernels`` is empty or ``sd <= 0``.
+
+    Chapter 2, section "Four kernels" (Fig. ``fig-kr-kernels``).
+    """
+    if not kernels:
+        raise ValueError("kernels must hold at least one kernel")
+    if not sd > 0:
+        raise ValueError(f"sd must be positive, got {sd}")
+    fig, (ax_k, ax_f) = plt.subplots(1, 2, figsize=(10, 3.8))
+    d = torch.linspace(-2.5 * sd, 2.5 * sd, 801, dtype=torch.float64)
+    for name, (log_kernel, radius, h, fit) in kernels.items():
+        k = torch.exp(log_kernel(d.abs() / h)) * (d.abs() / h < radius)
+        ax_k.plot(d, k / torch.trapezoid(k, d), label=name)
+        ax_f.plot(x_test, fit, label=name)
+    ax_k.set(xlabel="distance to the query, $x - x_i$", ylabel="kernel weight (unit area)", title="kernel shapes")
+    ax_f.scatter(x_train, y_train, s=12, color="0.5", label="training data")
+    ax_f.plot(x_test, y_truth, "k--", label="truth $f(x)$")
+    ax_f.set(xlabel="$x$", ylabel="$y$", title="Nadaraya–Watson fits")
+    ax_k.legend()
+    ax_f.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def engel_fits_and_cv(income, food, fits: dict, sweep, best, h_reference: float) -> plt.Figure:
+    """Engel's data: left, food expenditure against income (log axis) with a fit per bandwidth; right, the
+    leave-one-out CV error against the bandwidth, its minimum marked, and a reference bandwidth as a vertical line.
+
+    Args:
+        income, food: the households' income and food expenditure (francs), 1-D.
+        fits: ``{h: (income_grid, prediction)}``, one line per entry (dotted, solid, dashed, ...).
+        sweep: DataFrame with columns ``bandwidth`` and ``loo_mse`` (:func:`attnbook.kernels.bandwidth_sweep`).
+        best: the row of ``sweep`` at the CV minimum.
+        h_reference: the bandwidth statsmodels chose, drawn as a vertical line.
+
+    Raises:
+        ValueError: ``fits`` is empty.
+
+    Chapter 2, section "A real data set: Engel's food expenditure" (Fig. ``fig-kr-engel``).
+    """
+    if not fits:
+        raise ValueError("fits must hold at least one bandwidth")
+    fig, (ax_fit, ax_cv) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax_fit.scatter(income, food, s=8, color="0.6", label="households")
+    for (h, (grid, prediction)), style in zip(fits.items(), [":", "-", "--", "-."] * len(fits)):
+        ax_fit.plot(grid, prediction, style, label=f"h = {h:.3f}")
+    ax_fit.set(xscale="log", xlabel="annual income (Belgian francs, log axis)", ylabel="food expenditure (francs)")
+    ax_fit.set_xticks([400, 600, 1000, 2000, 4000], ["400", "600", "1000", "2000", "4000"])
+    ax_fit.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax_fit.legend(fontsize=8)
+    ax_cv.plot(sweep["bandwidth"], sweep["loo_mse"])
+    ax_cv.plot(best["bandwidth"], best["loo_mse"], "o", color="C0")
+    ax_cv.axvline(h_reference, color="0.4", lw=1, label="statsmodels cv_ls")
+    ax_cv.set(xscale="log", xlabel="bandwidth $h$ (log income)", ylabel="leave-one-out MSE (francs²)")
+    ax_cv.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+__all__ += ["word_weight_bars", "mass_and_prediction", "thin_tick_labels", "bandwidth_sweep_grid",
+            "kernel_shapes_and_fits", "engel_fits_and_cv"]
+
+
+
+# ----------------------------------------------------------------------------------------------- chapter 9's benchmark
+#: The implementations of chapter 9's long-sequence benchmark, in the order its figure and table show them.
+LONG_BENCH_METHODS = ("torch SDPA", "attnbook explicit", "blockwise", "blockwise + checkpoint")
+
+
+def _length_ticks(ax: plt.Axes, lengths: Sequence[int]) -> None:
+    """Log-scaled x axis with one plain label per length (512, 1k, 2k, ...), and no minor labels to overlap."""
+    ax.set_xscale("log")
+    ax.set_xticks(list(lengths), [f"{n // 1024}k" if n >= 1024 else str(n) for n in lengths])
+    ax.xaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+    ax.xaxis.set_minor_locator(mpl.ticker.NullLocator())
+
+
+def long_attention_figure(bench, *, figsize: tuple[float, float] = (10, 3.4)) -> plt.Figure:
+    """Chapter 9's Fig. 9.1 from the benchmark's table (``benchmarks/bench_long_attention.py``: columns ``method``,
+    ``L``, ``mem_fwd_mib``, ``mem_fwd_bwd_mib``, ``score_matrix_mib``, ``forward_ratio``, ``backward_ratio``):
+    memory added in the forward pass and in forward + backward (log-log, with one fp32 score matrix dotted), and
+    time relative to torch's SDPA. Cells that were not measured (NaN) are left out of the lines. Chapter 9, section
+    "Memory and time as the length grows"."""
+    lengths = sorted(bench.L.unique())
+    fig, axes = plt.subplots(1, 3, figsize=figsize, constrained_layout=True)
+    for ax, col, title in ((axes[0], "mem_fwd_mib", "memory, forward"),
+                           (axes[1], "mem_fwd_bwd_mib", "memory, forward + backward")):
+        for i, method in enumerate(LONG_BENCH_METHODS):
+            part = bench[bench.method == method].dropna(subset=[col])
+            ax.plot(part.L, part[col], marker="o", color=f"C{i}", label=method)
+        one = bench.drop_duplicates("L")
+        ax.plot(one.L, one.score_matrix_mib, ":", color="grey", label="one score matrix")
+        ax.set(yscale="log", xlabel="length L", ylabel="MiB added", title=title)
+        _length_ticks(ax, lengths)
+    axes[0].legend(fontsize=7)
+    for i, method in enumerate(LONG_BENCH_METHODS[1:], start=1):      # the same colour as in the memory panels
+        part = bench[bench.method == method].dropna(subset=["forward_ratio"])
+        axes[2].plot(part.L, part.forward_ratio, marker="o", color=f"C{i}", label=method)
+        axes[2].plot(part.L, part.backward_ratio, "--", marker="x", color=f"C{i}")
+    axes[2].axhline(1, color="grey", lw=0.8)
+    axes[2].set(xlabel="length L", ylabel="time / SDPA's time", title="time (solid: forward, dashed: backward)")
+    _length_ticks(axes[2], sorted(bench.dropna(subset=["forward_ratio"]).L.unique()))
+    axes[2].legend(fontsize=7)
+    return fig
+
+
+def long_attention_memory_table(bench, max_gib: float) -> "pd.DataFrame":
+    """Chapter 9's memory table: MiB added by one call, per length and implementation, forward and forward +
+    backward, with every cell the benchmark did not measure said in words instead of NaN: ``"as blockwise"`` for
+    the checkpointed forward pass (the same computation: the checkpoint only changes the backward pass) and
+    ``"over {max_gib} GiB"`` for a pass whose estimated memory exceeds the benchmark's limit (it was not run).
+
+    Raises:
+        ValueError: a NaN cell that neither reason explains (the table would otherwise hide a missing measurement).
+    """
+    import pandas as pd
+
+    passes = {"mem_fwd_mib": "forward", "mem_fwd_bwd_mib": "forward + backward"}
+    columns = pd.MultiIndex.from_product([list(passes.values()), LONG_BENCH_METHODS])
+    table = pd.DataFrame(index=sorted(bench.L.unique()), columns=columns, dtype=object)
+    table.index.name = "L"
+    for _, row in bench[bench.method.isin(LONG_BENCH_METHODS)].iterrows():
+        for col, name in passes.items():
+            value = row[col]
+            if np.isfinite(value):
+                text = f"{value:,.1f}"
+            elif row.method == "blockwise + checkpoint" and col == "mem_fwd_mib":
+                text = "as blockwise"
+            elif "skipped" in str(row.get("note", "")):
+                text = f"over {max_gib:g} GiB"
+            else:
+                raise ValueError(f"{row.method} at L={row.L}: {name} was not measured, for no reason the "
+                                 f"benchmark records (note {row.get('note')!r})")
+            table.loc[row.L, (name, row.method)] = text
+    return table
+
+
+__all__ += ["LONG_BENCH_METHODS", "long_attention_figure", "long_attention_memory_table"]
