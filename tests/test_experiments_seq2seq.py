@@ -371,3 +371,35 @@ def test_paper_tables_show_the_papers_numbers_and_ours():
     sizes = {"train_pairs": 35_000, "src_vocab": 1000, "tgt_vocab": 1500, "test_pairs": 900, "test_sources": 600}
     settings = ex.settings_table(ex.Seq2SeqConfig.quick(), sizes, 1.04)
     assert settings.loc["training", "this chapter"].startswith("about 1.0 minutes per model on a CPU")
+
+
+# ----------------------------------------------------------------------------------------------- figures
+def test_figures_use_the_readers_names_and_the_runs_spread():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    runs = _runs({"none": [30.0, 31.0, 29.5], "bahdanau": [41.0, 40.5, 41.5]})
+    ax = ex.plot_bleu(runs, beam_size=4, order=["none", "bahdanau"])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["no attention", "Bahdanau"]
+    from matplotlib.container import BarContainer
+
+    greedy = [c for c in ax.containers if isinstance(c, BarContainer)][0]
+    assert [b.get_height() for b in greedy.patches] == pytest.approx([30.166667, 41.0])
+    segments = np.array(greedy.errorbar.lines[2][0].get_segments())      # (bar, [low, high], [x, y])
+    assert segments[:, 0, 1].tolist() == pytest.approx([29.5, 40.5])        # the lowest run
+    assert segments[:, 1, 1].tolist() == pytest.approx([31.0, 41.5])        # the highest run
+    by_length = pd.DataFrame([{"model": m, "seed": s, "length": g, "sentences": n, "bleu_greedy": v}
+                              for m in ("none", "bahdanau") for s in range(2)
+                              for g, n, v in (("1-4", 10, 40.0 + s), ("5+", 0, 0.0))])
+    ax = ex.plot_by_length(by_length, order=["none", "bahdanau"])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["no attention", "Bahdanau"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1-4\n(10)"]          # the empty group left out
+
+
+def test_beam_tree_refuses_labels_that_do_not_match():
+    steps = pd.DataFrame({"step": [1, 1], "rank": [0, 1], "parent": [0, 0], "score": [-0.1, -2.0],
+                          "chosen": [True, False]})
+    with pytest.raises(ValueError, match="1 labels for 2 rows of steps"):
+        ex.beam_tree(steps, ["a"])
+    with pytest.raises(ValueError, match=r"steps lacks the columns \['chosen'\]"):
+        ex.beam_tree(steps.drop(columns="chosen"), ["a", "b"])
