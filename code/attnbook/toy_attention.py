@@ -38,9 +38,9 @@ from torch import Tensor, nn
 from .attention import causal_mask
 from .masking import masked_softmax
 
-__all__ = ["RunningMaxConfig", "running_max_batch", "running_max", "TinySelfAttention", "make_model", "train_running_max",
-           "share_on_running_max", "evaluate", "REPORT_LABELS", "report_table", "score_table", "key_ranking",
-           "share_words"]
+__all__ = ["RunningMaxConfig", "running_max_batch", "running_max", "TinySelfAttention", "make_model",
+           "train_running_max", "share_on_running_max", "evaluate", "REPORT_LABELS", "report_table", "score_table",
+           "key_ranking", "share_words"]
 
 
 @dataclass(frozen=True)

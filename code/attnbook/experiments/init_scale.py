@@ -2,8 +2,9 @@
 
 Explained in chapter 3, "Parametric attention" (``chapters/03_parametric_attention``), section "Why initial
 weights of size 200 leave a classifier at chance" (one paragraph and a results table), and in full on its evidence
-page (``evidence/ch03``). The model is a one-hidden-layer tanh network on MNIST (:mod:`attnbook.data.mnist`), ``784 -> hidden -> 10``,
-whose weights are drawn from ``N(0, std^2)`` (or Xavier's normal initialization, Glorot and Bengio 2010), biases 0.
+page (``evidence/ch03``). The model is a one-hidden-layer tanh network on MNIST (:mod:`attnbook.data.mnist`),
+``784 -> hidden -> 10``, whose weights are drawn from ``N(0, std^2)`` (or Xavier's normal initialization, Glorot and
+Bengio 2010), biases 0.
 
 Two mechanisms can stop it from learning at a large ``std``, and the *arms* of the experiment separate them:
 
@@ -67,8 +68,8 @@ from ..store import (Layout, ResultsStore, collect_runs, config_differences, gri
 
 __all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "arm_id", "learning_rate", "load_data",
            "make_classifier", "train_run", "INIT_LABELS", "init_question_table", "MECHANISM_ARMS", "arm_means",
-           "plot_init_scale", "per_step_means", "plot_mechanisms", "comparison_sentence", "saturation_profile", "run_arms", "paired_interval", "mechanism_verdict", "effect_text",
-           "verdict_sentences", "SUMMARY_COLUMNS",
+           "plot_init_scale", "per_step_means", "plot_mechanisms", "comparison_sentence", "saturation_profile",
+           "run_arms", "paired_interval", "mechanism_verdict", "effect_text", "verdict_sentences", "SUMMARY_COLUMNS",
            "STEP_COLUMNS", "STEP_EVERY", "LAYOUT", "store_config", "open_store", "run_grid", "StoredRuns",
            "read_runs", "main"]
 
@@ -251,8 +252,8 @@ def train_run(cfg: InitScaleConfig, data: dict, init: object, optimizer: str, se
 
 def saturation_profile(model: nn.Sequential, x: torch.Tensor, saturation: float = 0.99) -> dict[str, float]:
     """How saturated the hidden layer of :func:`make_classifier`'s ``model`` is on the images ``x`` (float32
-    ``(n, n_inputs)``), over all (image, unit) pairs. Chapter 3, section "Initialization scale": "saturated" is a
-    threshold, not a switch.
+    ``(n, n_inputs)``), over all (image, unit) pairs. Evidence for chapter 3, section "Inside the trained
+    networks": "saturated" is a threshold, not a switch.
 
     Returns:
         ``saturated``: share with ``|tanh z| > saturation``; ``flat``: share whose derivative ``1 - tanh^2 z`` is
@@ -323,8 +324,9 @@ def mechanism_verdict(summary: pd.DataFrame, cfg: InitScaleConfig, confidence: f
     - ``sgd``: SGD at ``reference_std`` minus SGD at ``large_std``.
 
     A mechanism counts when :func:`attnbook.evidence.verdict` (the book's one rule) says "higher": at least
-    :data:`attnbook.evidence.MIN_PAIRS` paired seeds and an interval above zero. Returns a dict with ``mechanism`` (one of
-    :data:`MECHANISMS`), ``n_seeds``, and for each difference ``{name}_mean``, ``{name}_low``, ``{name}_high``, plus
+    :data:`attnbook.evidence.MIN_PAIRS` paired seeds and an interval above zero. Returns a dict with ``mechanism``
+    (one of :data:`MECHANISMS`), ``n_seeds``, and for each difference ``{name}_mean``, ``{name}_low``,
+    ``{name}_high``, plus
     the mean accuracy of the arms used (``acc_adam_large``, ``acc_scaled_large``, ``acc_adam_reference``,
     ``acc_sgd_large``, ``acc_sgd_reference``).
 
@@ -413,7 +415,8 @@ def effect_text(mean: float, low: float, high: float) -> str:
 
 
 def verdict_sentences(v: dict) -> dict[str, str]:
-    """The sentences chapter 3 shows for a :func:`mechanism_verdict` ``v`` (section "Initialization scale").
+    """The sentences the evidence page of chapter 3 shows for a :func:`mechanism_verdict` ``v`` (section
+    "Saturation, or steps too small?").
 
     Returns ``"verdict"``: three short sentences, each with at most one effect and its interval (what scaling Adam's
     steps changed; what separates the scaled run from the run at the reference scale; what that means), and
@@ -686,7 +689,7 @@ class StoredRuns:
         configuration (:func:`store_config`, up to :data:`LAYOUT`'s ``not_configuration``, compared with
         :func:`attnbook.store.config_differences`) and every arm has every seed of ``cfg``; else
         ``"differs in [...]"``, naming the entries that differ, or ``"incomplete: N of M runs missing"``.
-        Chapter 3, section "Initialization scale"."""
+        Chapter 3, section "Why initial weights of size 200 leave a classifier at chance"."""
         differs = config_differences(self.provenance.get("config", {}), store_config(cfg), LAYOUT.not_configuration)
         if differs:
             return f"differs in {differs}"
@@ -699,8 +702,8 @@ class StoredRuns:
 def read_runs(name: str = "init_scale_full", start: str | Path | None = None) -> StoredRuns | None:
     """The stored runs ``results/<name>.csv`` with ``<name>_steps.csv`` and ``<name>.json``, found as
     :func:`attnbook.provenance.read_stored` finds them (from ``start`` upwards; on Colab from the book's repository),
-    or None if the main table or the provenance is missing. ``init`` is read as text. Chapter 3, section
-    "Initialization scale"."""
+    or None if the main table or the provenance is missing. ``init`` is read as text. Chapter 3 and its
+    evidence page."""
     stored = read_tables(name, ("steps",), start, dtype={"init": str})
     if stored is None:
         return None
