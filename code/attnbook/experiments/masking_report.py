@@ -498,10 +498,11 @@ def plot_asker_example(example: pd.DataFrame, states=((1.0, 0.25), (0.35, 1.0)))
     ax1.set_ylabel("attention weight")
     ax1.set_ylim(0, 0.62)
     ax1.legend()
-    pooled = {"no mask": example.unmasked.to_numpy()[:n_real] @ h, "−∞ mask": example.masked.to_numpy()[:n_real] @ h}
-    for (label, c), colour in zip(pooled.items(), ("C3", "C0")):
-        ax2.annotate("", xy=c, xytext=(0, 0), arrowprops=dict(arrowstyle="-|>", color=colour, lw=2))
-        ax2.plot([], [], color=colour, lw=2, label=f"pooled vector, {label}")
+    pooled = {"−∞ mask": example.masked.to_numpy()[:n_real] @ h, "no mask": example.unmasked.to_numpy()[:n_real] @ h}
+    for (label, c), colour, width in zip(pooled.items(), ("C0", "C3"), (2, 3.5)):   # the shorter one on top
+        ax2.annotate("", xy=c, xytext=(0, 0), arrowprops=dict(arrowstyle="-|>", color=colour, lw=width,
+                                                              mutation_scale=18))
+        ax2.plot([], [], color=colour, lw=width, label=f"pooled vector, {label}")
     for i, state in enumerate(h):
         ax2.plot(*state, "o", color="grey")
         ax2.annotate(f"$h_{i + 1}$", state, textcoords="offset points", xytext=(5, 3))
