@@ -60,6 +60,9 @@ def test_sweep_sentence_all_none_and_candidates():
     two = summary(bug, ("causal-lm:e", "E", "e", "pass", "differs", "candidate upstream bug: left padding with "
                                                                      "position_ids"))
     assert "causal-lm:e and masked-lm:c differ even so, and are candidate upstream bugs" in rf.sweep_sentence(two)
+    three = summary(*two.itertuples(index=False), ("masked-lm:f", "F", "f", "differs", "differs",
+                                                 "candidate upstream bug: right padding"))
+    assert rf.sweep_sentence(three).endswith("; three entries differ even so, and are candidate upstream bugs.")
     with pytest.raises(ValueError, match="no entry of the sweep was audited"):
         rf.sweep_sentence(summary(skipped))
 
@@ -94,3 +97,37 @@ def test_the_figures_draw_nan_and_error_points_and_check_their_input():
     assert len(rf.padded_batch_figure((2, 0), 3).axes) == 3
     with pytest.raises(ValueError, match=r"lengths must lie in \[0, length\] = \[0, 3\]"):
         rf.padded_batch_figure((4,), 3)
+
+
+def explained(*rows):
+    return pd.DataFrame(rows, columns=["subject", "category", "root_cause"])
+
+
+def test_side_sentence_counts_configurations_per_side_at_its_edges():
+    table = explained(("a", "library", "x"), ("a", "contract", "empty"), ("b", "library", "y"),
+                      ("c", "caller", "pos"), ("d", "caller", "pos"), ("e", "contract", "empty"))
+    assert rf.side_sentence(table) == (
+        "Two show a library's own behaviour (two root causes); two leave out the caller's documented requirement, "
+        "and two meet the contract for a row without tokens, a choice rather than a bug.")
+    one = explained(("a", "library", "x"), ("b", "caller", "p"), ("c", "contract", "e"))
+    assert rf.side_sentence(one) == (
+        "One shows a library's own behaviour (one root cause); one leaves out the caller's documented requirement, "
+        "and one meets the contract for a row without tokens, a choice rather than a bug.")
+    assert rf.side_sentence(explained()) == (
+        "None shows a library's own behaviour; none leaves out the caller's documented requirement, and none "
+        "meets the contract for a row without tokens, a choice rather than a bug.")
+    with pytest.raises(ValueError, match="a failure has no known root cause"):
+        rf.side_sentence(explained(("a", "unexplained", "")))
+
+
+def test_candidate_notes_name_only_the_candidates_present():
+    frame = lambda *entries: pd.DataFrame({"entry": list(entries)})  # noqa: E731
+    assert rf.candidate_notes(frame()) == ""
+    assert rf.candidate_notes(frame("masked-lm:fnet")) == (
+        "By design, FNet mixes tokens with a Fourier transform instead of attention; for this one a difference "
+        "may be part of the design rather than a bug.")
+    assert rf.candidate_notes(frame("masked-lm:fnet", "masked-lm:yoso", "causal-lm:cpmant")) == (
+        "By design, FNet mixes tokens with a Fourier transform instead of attention and YOSO approximates "
+        "attention by hashing; for these a difference may be part of the design rather than a bug. For cpmant "
+        "this page has no such explanation.")
+    assert rf.candidate_notes(frame("causal-lm:a", "masked-lm:b")) == "For a and b this page has no such explanation."

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["padded_batch_figure", "differences_figure", "point_kind", "sweep_counts", "sweep_candidates",
-           "sweep_sentence", "root_cause_table", "root_cause_sentence", "count_word", "SWEEP_CAUSES", "ROOT_WORDS", "SIDE_WORDS"]
+           "sweep_sentence", "root_cause_table", "root_cause_sentence", "count_word", "side_sentence", "candidate_notes", "DESIGN_NOTES", "SWEEP_CAUSES", "ROOT_WORDS", "SIDE_WORDS"]
 
 #: The sweep's root causes (:func:`attnbook.audit.transformers_sweep.classify`) in reading order, with the words the
 #: chapter uses for each and whose side it is on: the caller's documented requirement or the library's behaviour.
@@ -283,12 +283,81 @@ def sweep_sentence(summary: pd.DataFrame) -> str:
         return "all" if k == n else ("none" if k == 0 else str(k))
 
     candidates = sweep_candidates(summary)
-    if candidates.empty:
+    k = len(candidates)
+    if k == 0:
         tail = "none differs in a way that the caller's documented requirements do not explain"
+    elif k <= 2:  # few enough to name in the sentence
+        tail = (f"{_names(sorted(set(candidates['entry'])))} {'differs' if k == 1 else 'differ'} even so, and "
+                f"{'is a candidate upstream bug' if k == 1 else 'are candidate upstream bugs'}")
     else:
-        tail = (f"{_names(sorted(set(candidates['entry'])))} "
-                + ("differs" if len(candidates) == 1 else "differ")
-                + " even so, and " + ("is a candidate upstream bug" if len(candidates) == 1
-                                      else "are candidate upstream bugs"))
+        tail = f"{count_word(k)} entries differ even so, and are candidate upstream bugs"
     return (f"Under right padding {share(right)} of the {n} audited entries kept padding out of every real output, "
             f"and under left padding with position ids from the mask {share(left)}; {tail}.")
+
+
+def side_sentence(explained: pd.DataFrame) -> str:
+    """The answer's count by side: how many configurations show a library's own behaviour (from how many root
+    causes), leave out the caller's documented requirement, or meet the contract for a row without tokens.
+
+    Args:
+        explained: :func:`attnbook.audit.subjects.explain` of the configurations counted (columns ``subject``,
+            ``category``, ``root_cause``).
+
+    Raises:
+        ValueError: a failure without a known root cause (category ``"unexplained"``).
+    """
+    if (explained["category"] == "unexplained").any():
+        raise ValueError("a failure has no known root cause; explain it before counting sides")
+
+    def configurations(category: str) -> tuple[int, int]:
+        rows = explained[explained["category"] == category]
+        return rows["subject"].nunique(), rows["root_cause"].nunique()
+
+    library, roots = configurations("library")
+    caller, _ = configurations("caller")
+    contract, _ = configurations("contract")
+    if library == 0:
+        first = "None shows a library's own behaviour"
+    else:
+        first = (f"{count_word(library).capitalize()} {'shows' if library == 1 else 'show'} a library's own "
+                 f"behaviour ({count_word(roots)} root cause{'' if roots == 1 else 's'})")
+    def who(n: int) -> str:
+        return "none" if n == 0 else count_word(n)
+
+    second = f"{who(caller)} {'leave' if caller > 1 else 'leaves'} out the caller's documented requirement"
+    third = (f"{who(contract)} {'meet' if contract > 1 else 'meets'} the contract for a row without tokens, a "
+             f"choice rather than a bug")
+    return f"{first}; {second}, and {third}."
+
+
+#: What some architectures do by design that mixes positions outside masked attention (from their papers), keyed by
+#: model type; :func:`candidate_notes` names only those among the candidates.
+DESIGN_NOTES = {
+    "fnet": "FNet mixes tokens with a Fourier transform instead of attention",
+    "nystromformer": "Nyströmformer approximates attention with landmarks averaged over segments",
+    "yoso": "YOSO approximates attention by hashing",
+    "reformer": "Reformer attends within chunks",
+    "convbert": "ConvBERT adds a convolution over the sequence",
+    "mobilebert": "MobileBERT embeds each token together with its neighbours",
+}
+
+
+def candidate_notes(candidates: pd.DataFrame) -> str:
+    """One or two sentences on the sweep's candidates: which of them mix positions outside attention by design
+    (:data:`DESIGN_NOTES`), and which have no such explanation here. ``""`` when there are no candidates.
+
+    Args:
+        candidates: :func:`sweep_candidates` (column ``entry``, ``"mapping:model_type"``).
+    """
+    if candidates.empty:
+        return ""
+    types = list(dict.fromkeys(str(e).split(":", 1)[1] for e in candidates["entry"]))
+    noted = [DESIGN_NOTES[t] for t in types if t in DESIGN_NOTES]
+    others = [t for t in types if t not in DESIGN_NOTES]
+    parts = []
+    if noted:
+        parts.append(f"By design, {_names(noted)}; for {'this one' if len(noted) == 1 else 'these'} a "
+                     f"difference may be part of the design rather than a bug.")
+    if others:
+        parts.append(f"For {_names(others)} this page has no such explanation.")
+    return " ".join(parts)
