@@ -92,3 +92,10 @@ def test_the_command_writes_three_files_and_resumes_from_its_partial_file(tmp_pa
 def test_unknown_model_types_are_refused(tmp_path, capsys):
     assert sweep.main(["--only", "no_such_type", "--out", str(tmp_path / "x.csv")]) == 2
     assert "unknown model types: ['no_such_type']" in capsys.readouterr().err
+
+
+def test_direct_check_agrees_with_the_audit_on_gpt2_and_llama():
+    gpt2 = sweep.direct_check(sweep.Entry("causal-lm", "gpt2", "GPT2LMHeadModel"))
+    assert gpt2["right"] < 1e-5 and gpt2["left"] < 1e-5  # position ids from the mask on both sides
+    bart = sweep.direct_check(sweep.Entry("causal-lm", "bart", "BartForCausalLM"))
+    assert bart["right"] < 1e-5 and bart["left"] > 1e-3  # no position_ids: left padding shifts positions

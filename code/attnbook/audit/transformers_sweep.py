@@ -42,7 +42,7 @@ import torch
 from attnbook.provenance import atomic_write_text, provenance, write_provenance
 
 __all__ = ["CONDITIONS", "SHRINK", "OVERRIDES", "Entry", "entries", "tiny_config", "build", "audit_entry",
-           "audit_isolated", "classify", "summary", "main", "LENGTHS", "MODES"]
+           "audit_isolated", "direct_check", "classify", "summary", "main", "LENGTHS", "MODES"]
 
 DEFAULT_OUT = Path("results/audit_transformers.csv")
 #: Row lengths of the audited batch (padded to 12; ``extra_padding`` pads to 24).
@@ -561,3 +561,47 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def direct_check(entry: Entry, n: int = 7, length: int = 12, seed: int = 1) -> dict[str, float | str]:
+    """The entry's padding difference computed directly with the model, outside the audit: one sequence of ``n``
+    random tokens, alone and padded to ``length`` on each side (with position ids from the mask when the model takes
+    them), compared on its real positions.
+
+    Returns:
+        ``{"right": r, "left": l}``: the largest ``|padded - alone|`` over the largest ``|alone|`` of the outputs
+        (logits or last hidden state), or the error's type name when the model raised.
+    """
+    from .hf import _output, _takes, positions_from_mask
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build(entry)
+        pad = getattr(model.config, "pad_token_id", None) or 0
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, VOCAB - 1, (1, n), generator=generator)
+        ids = ids + (ids >= pad).long()
+        extra = {}
+        if getattr(model.config, "is_encoder_decoder", False):
+            extra["decoder_input_ids"] = torch.tensor([[pad, 5, 7]])
+        takes = _takes(model, "position_ids")
+        result: dict[str, float | str] = {}
+        for side in ("right", "left"):
+            where = slice(0, n) if side == "right" else slice(length - n, length)
+            padded = torch.full((1, length), pad)
+            mask = torch.zeros(1, length, dtype=torch.long)
+            padded[0, where], mask[0, where] = ids[0], 1
+            ones = torch.ones_like(ids)
+            try:
+                with torch.no_grad():
+                    alone = _output(model(input_ids=ids, attention_mask=ones, **extra,
+                                          **({"position_ids": positions_from_mask(ones)} if takes else {})))
+                    out = _output(model(input_ids=padded, attention_mask=mask, **extra,
+                                        **({"position_ids": positions_from_mask(mask)} if takes else {})))
+            except Exception as error:  # noqa: BLE001 - reported as the error's name
+                result[side] = type(error).__name__
+                continue
+            token = not extra
+            a, b = (alone[0], out[0, where]) if token else (alone[0], out[0])
+            result[side] = float((a - b).abs().max() / a.abs().max().clamp_min(1e-30))
+    return result
