@@ -384,3 +384,43 @@ def long_attention_memory_table(bench, max_gib: float) -> "pd.DataFrame":
 
 
 __all__ += ["LONG_BENCH_METHODS", "long_attention_figure", "long_attention_memory_table"]
+
+
+# ------------------------------------------------------------------------------------------------ chapter 6 figure
+def pad_sum_figure(table, labels, *, reference: int, figsize: tuple[float, float] = (10, 3.2)) -> plt.Figure:
+    """Two panels against the padded length (both sentences padded, no masks): left, the probability of each label
+    for one pair; right, the norms of the premise sum's real part and pad part and of the hypothesis sum's pad part.
+    A dotted line marks the training length ``reference``.
+
+    Args:
+        table: from :func:`attnbook.experiments.nli.pad_sums` (rows with ``side == "both"`` are drawn).
+        labels: the label columns to draw, e.g. :data:`attnbook.data.nli.LABELS`.
+
+    Raises:
+        ValueError: ``table`` has no ``side == "both"`` rows or lacks a label column.
+
+    Chapter 6, section "The masking ablation" (Fig. ``fig-nli-pad-sum``).
+    """
+    both = table[table["side"] == "both"] if "side" in table else table.iloc[:0]
+    missing = [label for label in labels if label not in table]
+    if len(both) == 0 or missing:
+        raise ValueError(f"table needs rows with side 'both' and the label columns; missing {missing}")
+    fig, (ax_p, ax_n) = plt.subplots(1, 2, figsize=figsize)
+    for label in labels:
+        ax_p.plot(both["pad_to"], both[label], marker=".", label=label)
+    ax_p.set(xlabel="padded length (tokens)", ylabel="predicted probability", ylim=(0, 1),
+             title="the pair's prediction")
+    ax_p.legend(fontsize=8)
+    for column, name, style in (("v1_real", "premise sum, real tokens", "-"),
+                                ("v1_pads", "premise sum, pads", "--"),
+                                ("v2_pads", "hypothesis sum, pads", ":")):
+        ax_n.plot(both["pad_to"], both[column], style, marker=".", label=name)
+    ax_n.set(xlabel="padded length (tokens)", ylabel="norm of the part", title="the sums that H reads")
+    ax_n.legend(fontsize=8)
+    for ax in (ax_p, ax_n):
+        ax.axvline(reference, color="0.5", linestyle=":", linewidth=1)
+    fig.tight_layout()
+    return fig
+
+
+__all__ += ["pad_sum_figure"]

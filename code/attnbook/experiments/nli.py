@@ -35,7 +35,8 @@ from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_
 
 __all__ = ["NLIConfig", "load_data", "make_model", "train", "predict", "evaluate", "padding_sweep",
            "alignment_table", "paired_accuracy_gap", "gap_sentence", "flip_direction", "MODELS", "run_model", "run",
-           "missing_data", "main", "LAYOUT"]
+           "missing_data", "main", "LAYOUT", "row_focus", "pad_sums", "pad_sum_sentences", "epoch_swing",
+           "one_run_sentence", "setup_comparison"]
 
 
 @dataclass
@@ -120,13 +121,24 @@ def _inputs(batch: NLIBatch, masked: bool, hypothesis_only: bool) -> tuple:
 
 def train(model: DecomposableAttention, data: NLIBatch, cfg: NLIConfig, *, masked: bool = True,
           hypothesis_only: bool = False, valid: NLIBatch | None = None, device: torch.device | str | None = None,
-          desc: str = "training") -> pd.DataFrame:
+          desc: str = "training", keep_best: bool = False) -> pd.DataFrame:
     """Train with Adam and cross-entropy on the padded pairs ``data`` (shuffled each epoch with a seeded
-    generator); return one row per epoch: ``epoch``, ``loss`` (mean training loss), ``valid_acc`` (or NaN).
+    generator); return one row per epoch: ``epoch``, ``loss`` (mean training loss), ``valid_acc`` (or NaN) and
+    ``kept`` (bool: the epoch whose weights the model holds at the end).
 
     ``masked=False`` passes no masks, so pads take part everywhere (the ablation); ``hypothesis_only=True`` masks
     every premise token (the hypothesis-only baseline of Poliak et al. 2018, built from the same model).
+    ``keep_best=True`` (early stopping, as Parikh et al. select by development accuracy) restores, after the last
+    epoch, the weights of the epoch with the highest validation accuracy (the first, on ties); without it, or
+    without ``valid``, the model keeps its last epoch's weights.
+
+    Raises:
+        ValueError: ``keep_best`` without ``valid``.
+
+    Chapter 6, section "Training on the generated data".
     """
+    if keep_best and valid is None:
+        raise ValueError("keep_best=True needs valid pairs to choose the best epoch")
     device = torch.device(device) if device is not None else get_device()
     model.to(device)
     data = data.to(device)
@@ -134,6 +146,7 @@ def train(model: DecomposableAttention, data: NLIBatch, cfg: NLIConfig, *, maske
     optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
     rows = []
+    best_acc, best_state = -1.0, None
     for epoch in progress(range(1, cfg.epochs + 1), desc=desc):
         model.train()
         order = torch.randperm(len(data), generator=generator).to(device)
@@ -152,7 +165,15 @@ def train(model: DecomposableAttention, data: NLIBatch, cfg: NLIConfig, *, maske
             valid_acc = evaluate(predict(model, valid, masked=masked, hypothesis_only=hypothesis_only,
                                          batch_size=cfg.eval_batch_size)["logits"], valid.labels)["accuracy"]
         rows.append({"epoch": epoch, "loss": total / max(count, 1), "valid_acc": valid_acc})
-    return pd.DataFrame(rows)
+        if keep_best and valid_acc > best_acc:
+            best_acc = valid_acc
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    history = pd.DataFrame(rows)
+    history["kept"] = history["epoch"] == (cfg.epochs if best_state is None else
+                                           int(history.loc[history["valid_acc"].idxmax(), "epoch"]))
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    return history
 
 
 @torch.no_grad()
@@ -483,3 +504,196 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
 
 if __name__ == "__main__":  # pragma: no cover
     main(sys.argv[1:])
+
+
+# ----------------------------------------------------------------------- the page's figures and sentences (chapter 6)
+def row_focus(weights, keys, *, one_word: float = 0.9, even: float = 0.02) -> str:
+    """How one token spreads its attention over the other sentence, in words checked against ``weights``.
+
+    Args:
+        weights: one row of attention weights ``(n_keys,)`` (floats summing to 1 over the real keys).
+        keys: the ``n_keys`` key tokens (str).
+        one_word: a largest weight at or above this reads as "almost all its weight on one word".
+        even: a row whose largest and smallest weights differ by less than this reads as "evenly".
+
+    Returns:
+        ``'spreads its weight evenly over the premise'``, ``'puts 0.97 of its weight on "every"'`` (largest weight
+        >= ``one_word``) or ``'spreads its weight over several words, most (0.45) on "dog"'``.
+
+    Raises:
+        ValueError: ``weights`` is not 1-D, is empty, or differs in length from ``keys``; a threshold is outside
+            (0, 1].
+
+    Chapter 6, section "Is attention an alignment?" (the sentence under Fig. ``fig-nli-alignment``).
+    """
+    w = np.asarray(weights, dtype=float)
+    if w.ndim != 1 or len(w) == 0 or len(w) != len(keys):
+        raise ValueError(f"weights must be a non-empty 1-D row with one weight per key, got shape {w.shape} "
+                         f"for {len(keys)} keys")
+    for name, value in (("one_word", one_word), ("even", even)):
+        if not 0 < value <= 1:
+            raise ValueError(f"{name} must lie in (0, 1], got {value}")
+    if w.max() - w.min() < even:
+        return "spreads its weight evenly over the premise"
+    top = int(w.argmax())
+    if w[top] >= one_word:
+        return f'puts {w[top]:.2f} of its weight on "{keys[top]}"'
+    return f'spreads its weight over several words, most ({w[top]:.2f}) on "{keys[top]}"'
+
+
+@torch.no_grad()
+def pad_sums(model: DecomposableAttention, example: NLIExample, vocab: Vocab, lengths, *,
+             reference: int) -> pd.DataFrame:
+    """Where padding enters an unmasked model's prediction for one pair, at each padded length.
+
+    The pair is padded to each length in ``lengths`` on both sides (``side="both"``), on the premise side only
+    and on the hypothesis side only (the other sentence stays at ``reference``), and run without masks. For each
+    run the comparison vectors of :meth:`~attnbook.nli.DecomposableAttention.compare` are summed separately over
+    the real tokens and over the pads (Eq. ``eq-nli-aggregate``: the sums ``v1`` over the premise and ``v2`` over
+    the hypothesis).
+
+    Returns:
+        One row per (side, length): ``side`` ("both", "premise", "hypothesis"), ``pad_to``, ``premise_pads``,
+        ``v1_real`` and ``v1_pads`` (Euclidean norms of the premise sum's real and pad parts), ``v2_pads`` (the
+        same for the hypothesis' pads), ``hyp_pad_mass`` (the largest total weight that a real hypothesis token
+        puts on premise pads), ``hyp_pad_token`` (that token), one probability column per label of
+        :data:`~attnbook.data.nli.LABELS`, and ``predicted`` (the label).
+
+    Raises:
+        ValueError: a length is shorter than the pair's longer sentence, or ``reference`` is.
+
+    Chapter 6, section "The masking ablation" (Fig. ``fig-nli-pad-sum``).
+    """
+    longest = max(len(example.premise), len(example.hypothesis))
+    lengths = list(lengths)
+    if min([reference, *lengths]) < longest:
+        raise ValueError(f"every length and reference must be >= {longest}, the pair's longer sentence; "
+                         f"got lengths {lengths} and reference {reference}")
+    model.eval()
+    rows = []
+    for side in ("both", "premise", "hypothesis"):
+        for length in lengths:
+            pad_to = {"both": (length, length), "premise": (length, reference),
+                      "hypothesis": (reference, length)}[side]
+            batch = encode([example], vocab, pad_to=pad_to).to(next(model.parameters()).device)
+            a, b = model.embed(batch.premise), model.embed(batch.hypothesis)
+            align = model.attend(a, b)
+            v1, v2 = model.compare(a, b, align.beta, align.alpha)
+            logits = model.aggregate(v1, v2)
+            ma, mb = batch.premise_mask[0], batch.hypothesis_mask[0]
+            pad_mass = align.weights_b[0][mb][:, ~ma].sum(-1)            # each real hypothesis token's pad weight
+            heavy = int(pad_mass.argmax())
+            probs = torch.softmax(logits[0], -1).cpu()
+            rows.append({"side": side, "pad_to": length, "premise_pads": int((~ma).sum()),
+                         "v1_real": float(v1[0][ma].sum(0).norm()), "v1_pads": float(v1[0][~ma].sum(0).norm()),
+                         "v2_pads": float(v2[0][~mb].sum(0).norm()),
+                         "hyp_pad_mass": float(pad_mass[heavy]), "hyp_pad_token": example.hypothesis[heavy],
+                         **{label: float(probs[k]) for k, label in enumerate(LABELS)},
+                         "predicted": LABELS[int(probs.argmax())]})
+    return pd.DataFrame(rows)
+
+
+def pad_sum_sentences(table: pd.DataFrame, *, reference: int, far: int, attention_floor: float = 0.05) -> dict:
+    """The sentences under Fig. ``fig-nli-pad-sum``, each checked against ``table`` (from :func:`pad_sums`).
+
+    Returns:
+        ``{"attention": ..., "sum": ..., "side": ...}``:
+
+        - ``attention``: whether the hypothesis' attention on the premise's pads can explain the change: below
+          ``attention_floor`` it "is not the route"; otherwise it names the token and its weight on pads;
+        - ``sum``: how the pads' part of the premise sum ``v1`` changes from ``reference`` to ``far`` ("grows",
+          "shrinks", "stays"), with both norms and the real part's norm at ``far``;
+        - ``side``: which one-sided padding to ``far`` changes the prediction made at ``reference``: the premise
+          only, the hypothesis only, either, or neither alone.
+
+    Raises:
+        ValueError: ``table`` lacks the rows for ``reference`` or ``far`` on some side.
+
+    Chapter 6, section "The masking ablation".
+    """
+    def row(side: str, length: int) -> pd.Series:
+        hit = table[(table["side"] == side) & (table["pad_to"] == length)]
+        if len(hit) != 1:
+            raise ValueError(f"table needs one row for side {side!r} at pad_to={length}, found {len(hit)}")
+        return hit.iloc[0]
+
+    ref, both = row("both", reference), row("both", far)
+    mass = both["hyp_pad_mass"]
+    if mass < attention_floor:
+        attention = (f"The attention is not the route: padded to {far} tokens, no real hypothesis token puts more "
+                     f"than {mass:.2f} of its weight on the premise's pads.")
+    else:
+        attention = (f"Part of the route is the attention: padded to {far} tokens, “{both['hyp_pad_token']}” puts "
+                     f"{mass:.2f} of its weight on the premise's pads, so its aligned vector moves toward the pad "
+                     f"vector.")
+    lo, hi = ref["v1_pads"], both["v1_pads"]
+    verb = "stays at" if f"{lo:.1f}" == f"{hi:.1f}" else ("grows from" if hi > lo else "shrinks from")
+    ends = f"{hi:.1f}" if verb == "stays at" else f"{lo:.1f} at {reference} tokens to {hi:.1f} at {far}"
+    total = (f"Each premise pad adds the same comparison vector to the premise's sum, so the pads' part of that "
+             f"sum {verb} {ends}, against {both['v1_real']:.1f} for the real tokens' part.")
+    before = ref["predicted"]
+    changed = {side: row(side, far)["predicted"] != before for side in ("premise", "hypothesis")}
+    if changed["premise"] and not changed["hypothesis"]:
+        side = (f"Padding only the premise to {far} tokens changes the prediction as well; padding only the "
+                f"hypothesis does not. The change comes from the premise side.")
+    elif changed["hypothesis"] and not changed["premise"]:
+        side = (f"Padding only the hypothesis to {far} tokens changes the prediction as well; padding only the "
+                f"premise does not. The change comes from the hypothesis side.")
+    elif changed["premise"]:
+        side = f"Padding either sentence alone to {far} tokens changes the prediction."
+    else:
+        side = f"Neither sentence padded alone to {far} tokens changes the prediction; it takes both."
+    return {"attention": attention, "sum": total, "side": side}
+
+
+def epoch_swing(history: pd.DataFrame, *, last: int = 4) -> float:
+    """The largest change of validation accuracy between consecutive epochs among the ``last`` epochs of
+    ``history`` (from :func:`train`), in percentage points (>= 0). It shows how much one training run's accuracy
+    moves without any change to the model.
+
+    Raises:
+        ValueError: ``last < 2`` or ``history`` has fewer than two epochs with a validation accuracy.
+    """
+    if last < 2:
+        raise ValueError(f"last must be >= 2, got {last}")
+    acc = history["valid_acc"].dropna().to_numpy()[-last:]
+    if len(acc) < 2:
+        raise ValueError(f"need at least two epochs with a validation accuracy, got {len(acc)}")
+    return float(100 * np.abs(np.diff(acc)).max())
+
+
+def one_run_sentence(swing: float, gap: float, ci_low: float, ci_high: float) -> str:
+    """What one training run of each model can show about the accuracy gap (all values in points).
+
+    Returns a sentence that compares the epoch-to-epoch ``swing`` of validation accuracy (:func:`epoch_swing`)
+    with the gap and its 95% interval over test pairs: when the swing reaches the larger bound's magnitude, one run
+    cannot rank the two models; otherwise the gap is larger than that swing, but the interval still covers only
+    the choice of test pairs.
+
+    Raises:
+        ValueError: a value is NaN, ``swing < 0`` or ``ci_low > ci_high``.
+    """
+    if any(np.isnan(v) for v in (swing, gap, ci_low, ci_high)) or swing < 0 or ci_low > ci_high:
+        raise ValueError(f"need finite values, swing >= 0 and ci_low <= ci_high; got {swing}, {gap}, {ci_low}, "
+                         f"{ci_high}")
+    reach = max(abs(ci_low), abs(ci_high))
+    if swing >= reach:
+        return (f"Each model was trained once, and from one epoch to the next its validation accuracy moved by up "
+                f"to {swing:.1f} points, at least as far as the 95% interval reaches from zero. So this page's run "
+                f"cannot rank the two models' accuracy; what it shows is the mechanism below.")
+    return (f"Each model was trained once. The gap is larger than the {swing:.1f} points by which validation "
+            f"accuracy moved from one epoch to the next, but the interval covers only the choice of test pairs, not "
+            f"another training run.")
+
+
+def setup_comparison(cfg: NLIConfig, n_train: int, n_params: int) -> pd.DataFrame:
+    """How this page's set-up differs from Parikh et al.'s (2016) SNLI set-up: one row each for the data, the
+    parameters besides the embeddings, the embeddings, the hidden size and the optimizer; columns
+    ``Parikh et al. 2016`` and ``this page``. Chapter 6, section "SNLI, and Parikh et al.'s numbers"."""
+    embeddings = f"{cfg.embed_dim}-d, trained{' from GloVe' if cfg.glove else ''}; projected to {cfg.hidden_size}"
+    return pd.DataFrame(
+        {"Parikh et al. 2016": ["SNLI, about 550K crowd-written training pairs", "about 380K",
+                                "300-d GloVe, fixed; projected to 200", "200", "Adagrad, dropout 0.2"],
+         "this page": [f"generated, {n_train:,} template training pairs", f"{n_params:,}", embeddings,
+                       str(cfg.hidden_size), f"Adam (lr {cfg.lr}), dropout {cfg.dropout}, {cfg.epochs} epochs"]},
+        index=["data", "parameters besides embeddings", "embeddings", "hidden size d", "optimizer"])
