@@ -319,3 +319,31 @@ def test_benchmark_runs_end_to_end_at_tiny_sizes(tmp_path, monkeypatch):
                      record["sdpa_mask_conclusion"])
     text = out.read_text()
     assert "## Targets" in text and "## Provenance" in text and "torch's CPU kernel and masks" in text
+
+
+# ---------------------------------------------------------------- chapter 9's memory table and figure
+def test_memory_table_says_why_a_cell_is_missing():
+    import pandas as pd
+
+    from attnbook.plotting import long_attention_figure, long_attention_memory_table
+
+    rows = []
+    for method in ("torch SDPA", "attnbook explicit", "blockwise", "blockwise + checkpoint"):
+        for n in (512, 1024):
+            skipped = method == "attnbook explicit" and n == 1024
+            rows.append({"method": method, "L": n, "score_matrix_mib": 1.0, "forward_ratio": 1.0,
+                         "backward_ratio": 1.0,
+                         "mem_fwd_mib": float("nan") if skipped or method.endswith("checkpoint") else 2.0,
+                         "mem_fwd_bwd_mib": float("nan") if skipped else 3.0,
+                         "note": "forward skipped (estimated > 6 GiB)" if skipped else ""})
+    bench = pd.DataFrame(rows)
+    table = long_attention_memory_table(bench, 6.0)
+    assert table.loc[1024, ("forward", "attnbook explicit")] == "over 6 GiB"
+    assert table.loc[1024, ("forward + backward", "attnbook explicit")] == "over 6 GiB"
+    assert table.loc[512, ("forward", "blockwise + checkpoint")] == "as blockwise"
+    assert table.loc[512, ("forward", "torch SDPA")] == "2.0"
+    assert not table.isna().any().any()
+    long_attention_figure(bench)
+    bench.loc[0, ["mem_fwd_mib", "note"]] = [float("nan"), ""]
+    with pytest.raises(ValueError, match="torch SDPA at L=512: forward was not measured, for no reason"):
+        long_attention_memory_table(bench, 6.0)

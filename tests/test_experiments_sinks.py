@@ -236,18 +236,18 @@ def _row(verdict, n_pairs=10, diff=0.207, low=0.199, high=0.213, question="softm
 
 def test_comparison_sentence_gives_one_effect_and_its_interval():
     assert ex.comparison_sentence(_row("higher")) == (
-        "Against the masked softmax, softmax_one raised no-match accuracy by 0.207 (95% CI 0.199 to 0.213).")
+        "Against the masked softmax, softmax_one raised no-match accuracy by 0.207 (95% interval 0.199 to 0.213).")
     lower = _row("lower", diff=-0.1, low=-0.15, high=-0.05, question="the learned sink against softmax_one")
     assert ex.comparison_sentence(lower) == (                                   # negated: a positive amount
-        "Against softmax_one, the learned sink lowered no-match accuracy by 0.100 (95% CI 0.050 to 0.150).")
+        "Against softmax_one, the learned sink lowered no-match accuracy by 0.100 (95% interval 0.050 to 0.150).")
     equal = _row("higher", diff=0.02, low=0.02, high=0.02)                      # equal bounds
     assert ex.comparison_sentence(equal).endswith("by 0.020 (both 95% bounds round to 0.020).")
     zero = _row("no difference resolved", diff=0.0, low=0.0, high=0.0)         # zero
     assert ex.comparison_sentence(zero) == (
-        "Against the masked softmax, softmax_one changed no-match accuracy by no amount that 10 paired seeds resolve.")
+        "Against the masked softmax, softmax_one changed no-match accuracy by no amount that 10 paired runs resolve.")
     one = _row("not yet answered", n_pairs=1, diff=np.nan, low=np.nan, high=np.nan)   # one seed
     assert ex.comparison_sentence(one) == (
-        f"Against the masked softmax, softmax_one: 1 paired seed, too few for a verdict (it needs {MIN_PAIRS}).")
+        f"Against the masked softmax, softmax_one: 1 paired run, too few for a verdict (it needs {MIN_PAIRS}).")
     holm = ex.comparison_sentence(_row("not resolved after Holm's correction", n_pairs=4), "accuracy")
     assert holm.startswith("Against the masked softmax, softmax_one moved accuracy by an amount whose interval")
 

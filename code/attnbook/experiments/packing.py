@@ -297,3 +297,101 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# ----------------------------------------------------------------------------------------------- a language model
+#: The ways :func:`lm_packing_check` computes one optimizer step's loss, in the order of its table.
+LM_RECIPES = (
+    "each document alone",
+    "packed: the whole recipe",
+    "one causal mask across the row",
+    "positions that do not restart",
+    "no -100 at document starts",
+    "mean of the micro-batches' means",
+)
+
+
+def lm_packing_check(lengths: tuple[tuple[int, ...], ...] = ((5, 3, 4), (6, 2), (9,)), width: int = 12, *,
+                     vocab: int = 20, seed: int = 0) -> pd.DataFrame:
+    """Chapter 9's check of causal packing for language-model training, on chapter 8's decoder-only model with
+    random weights (fp64, sinusoidal positions): one optimizer step over packed rows, one row per micro-batch.
+
+    Args:
+        lengths: the documents' lengths in each packed row (each row's total at most ``width``).
+        width: the packed rows' length (pads at the end).
+        vocab: token ids ``1 .. vocab - 1`` (0 = pad).
+        seed: of the weights and the tokens.
+
+    Returns:
+        One row per :data:`LM_RECIPES` entry: ``recipe``, ``targets`` (tokens predicted in the step), ``loss``
+        (mean next-token cross-entropy over the step), ``loss_gap`` (its distance to each document alone) and
+        ``grad_gap`` (the largest difference of any parameter's gradient from each document alone). The reference
+        runs every document alone through the model's ordinary forward and torch's ``F.cross_entropy``; the packed
+        recipe uses :func:`attnbook.packing.packed_lm_logits`, :func:`attnbook.packing.lm_labels` and
+        :func:`attnbook.packing.lm_loss` with the step's count of targets; each other row leaves one ingredient
+        out.
+
+    Raises:
+        ValueError: a row longer than ``width``.
+
+    Chapter 9, section "Packing for a language model".
+    """
+    import torch.nn.functional as F
+
+    from ..batching import document_ids
+    from ..generation import DecoderOnlyLM
+    from ..packing import IGNORE_INDEX, count_targets, document_causal_mask, lm_labels, lm_loss, packed_lm_logits
+
+    if any(sum(row) > width for row in lengths):
+        raise ValueError(f"every row of lengths must fit in width={width}, got {lengths}")
+    torch.manual_seed(seed)
+    model = DecoderOnlyLM(vocab, d_model=16, nhead=2, num_layers=2, dim_feedforward=32).double()
+    doc = document_ids([list(row) for row in lengths], width)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, doc.shape, generator=g).masked_fill(doc < 0, 0)
+    docs = [ids[b][doc[b] == d] for b in range(len(doc)) for d in range(int(doc[b].max()) + 1)]
+    labels = lm_labels(ids, doc)
+    n_targets = count_targets(labels)
+    index_positions = torch.arange(width).expand(doc.shape)
+    rows = range(len(doc))
+
+    def no_restart(b):
+        x = model.embedding(ids[b : b + 1], index_positions[b : b + 1])
+        return model.out(model.stack(x, self_mask=document_causal_mask(doc[b : b + 1])))
+
+    def one_mask(b):
+        return model(ids[b : b + 1], doc[b : b + 1] >= 0, index_positions[b : b + 1])
+
+    def packed(b):
+        return packed_lm_logits(model, ids[b : b + 1], doc[b : b + 1])
+
+    naive_labels = ids.masked_fill(doc < 0, IGNORE_INDEX)                 # -100 at pads only
+    recipes = {
+        "each document alone": lambda: sum(F.cross_entropy(model(t[None])[0, :-1], t[1:], reduction="sum")
+                                           for t in docs) / sum(len(t) - 1 for t in docs),
+        "packed: the whole recipe": lambda: sum(lm_loss(packed(b), labels[b : b + 1], n_targets) for b in rows),
+        "one causal mask across the row": lambda: sum(lm_loss(one_mask(b), labels[b : b + 1], n_targets)
+                                                      for b in rows),
+        "positions that do not restart": lambda: sum(lm_loss(no_restart(b), labels[b : b + 1], n_targets)
+                                                     for b in rows),
+        "no -100 at document starts": lambda: sum(lm_loss(packed(b), naive_labels[b : b + 1],
+                                                          count_targets(naive_labels)) for b in rows),
+        "mean of the micro-batches' means": lambda: sum(lm_loss(packed(b), labels[b : b + 1]) for b in rows)
+                                                    / len(doc),
+    }
+    params = list(model.parameters())
+    out, reference = [], None
+    for name in LM_RECIPES:
+        loss = recipes[name]()
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+        if reference is None:
+            reference = (loss.detach(), grads)
+        targets = count_targets(naive_labels) if name == "no -100 at document starts" else n_targets
+        out.append({"recipe": name, "targets": targets, "loss": loss.item(),
+                    "loss_gap": abs(loss.item() - reference[0].item()),
+                    "grad_gap": max((g - r).abs().max().item() for g, r in zip(grads, reference[1]))})
+    return pd.DataFrame(out)
+
+
+__all__ += ["LM_RECIPES", "lm_packing_check"]

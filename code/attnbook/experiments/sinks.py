@@ -445,7 +445,7 @@ def compare_conditions(runs: pd.DataFrame, comparisons: tuple[Comparison, ...] =
             and optionally ``device`` (runs pair only within one kind of device).
         comparisons: the comparisons (default :data:`COMPARISONS`).
         value: the compared result, a column of :data:`RESULT_COLUMNS` (accuracies are fractions).
-        min_pairs: paired seeds needed for a verdict (10, as chapter 5).
+        min_pairs: paired runs needed for a verdict (:data:`attnbook.evidence.MIN_PAIRS`).
         n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
 
     Returns:
@@ -474,7 +474,7 @@ def compare_conditions(runs: pd.DataFrame, comparisons: tuple[Comparison, ...] =
 
 def comparison_sentence(row: pd.Series, measure: str = "no-match accuracy", min_pairs: int = MIN_PAIRS) -> str:
     """One row of :func:`compare_conditions` as one plain sentence: the verdict with its one effect and the effect's
-    95% interval ("Against the masked softmax, softmax_one raised no-match accuracy by 0.207 (95% CI 0.199 to
+    95% interval ("Against the masked softmax, softmax_one raised no-match accuracy by 0.207 (95% interval 0.199 to
     0.213)."; a lowering is stated as a positive amount). Seed tallies and p-values are left to the table. The
     comparison's ``question`` ("X against Y") names both sides. Chapter 9, section "Attending to nowhere".
 
@@ -493,9 +493,9 @@ def comparison_sentence(row: pd.Series, measure: str = "no-match accuracy", min_
             diff, low, high = -diff, -high, -low
         word = "raised" if verdict == "higher" else "lowered"
         interval = (f"both 95% bounds round to {low:.3f}" if f"{low:.3f}" == f"{high:.3f}"
-                    else f"95% CI {low:.3f} to {high:.3f}")
+                    else f"95% interval {low:.3f} to {high:.3f}")
         return f"{head} {word} {measure} by {diff:.3f} ({interval})."
-    seeds = f"{int(row['n_pairs'])} paired seed" + ("" if int(row["n_pairs"]) == 1 else "s")
+    seeds = f"{int(row['n_pairs'])} paired run" + ("" if int(row["n_pairs"]) == 1 else "s")
     if verdict == "no difference resolved":
         return f"{head} changed {measure} by no amount that {seeds} resolve."
     if verdict == CORRECTED:
