@@ -507,9 +507,9 @@ def test_twin_verdict_and_meaning():
 
 
 def test_interval_phrase_at_equal_bounds():
-    assert ex.interval_phrase(-0.0301, -0.0084) == "(95% bootstrap interval over the test reviews -0.030 to -0.008)"
-    assert ex.interval_phrase(0.0, 0.0) == "(the same, +0.000, on every bootstrap resample of the test reviews)"
-    assert ex.interval_phrase(0.01, 0.0104) == "(the same, +0.010, on every bootstrap resample of the test reviews)"
+    assert ex.interval_phrase(-0.0301, -0.0084) == "(95% interval over the test reviews -0.030 to -0.008)"
+    assert ex.interval_phrase(0.0, 0.0) == "(the same, +0.000, on every resample of the test reviews)"
+    assert ex.interval_phrase(0.01, 0.0104) == "(the same, +0.010, on every resample of the test reviews)"
     with pytest.raises(ValueError, match="low must not exceed high"):
         ex.interval_phrase(0.1, 0.0)
 
@@ -603,7 +603,11 @@ def test_reliance_sentence_at_its_edges():
     assert ex.reliance_sentence(0.0).endswith("of none of the test reviews: its predictions do not rest on where "
                                               "its attention goes.")
     assert "of all of the test reviews: its predictions rest" in ex.reliance_sentence(1.0)
-    assert "of under 1% of the test reviews" in ex.reliance_sentence(0.001)
+    assert ex.reliance_sentence(0.001).endswith("of under 1% of the test reviews: few of its predictions rest on "
+                                                "where its attention goes.")
+    assert "few of its" in ex.reliance_sentence(ex.RELIES_SHARE - 0.001)
+    assert "few of its" not in ex.reliance_sentence(ex.RELIES_SHARE)
+    assert ex.relies_on_weights(ex.RELIES_SHARE) and not ex.relies_on_weights(0.03)
     assert "of 41% of the test reviews" in ex.reliance_sentence(0.412)
     with pytest.raises(ValueError, match="share must lie in"):
         ex.reliance_sentence(1.5)

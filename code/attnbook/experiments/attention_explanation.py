@@ -61,7 +61,7 @@ __all__ = ["ExplanationConfig", "prepare_reviews", "train_classifier", "train_tw
            "twin_meaning",
            "tau_word", "TAU_BANDS", "tau_bands_sentence", "tau_above_half_sentence", "explanation_verdict",
            "percent_of", "train_embedding_classifier", "train_embedding_twins", "uniform_reliance",
-           "reliance_sentence", "two_token_alternative", "orders_of_magnitude"]
+           "reliance_sentence", "RELIES_SHARE", "relies_on_weights", "two_token_alternative", "orders_of_magnitude"]
 
 
 @dataclass(frozen=True)
@@ -486,9 +486,9 @@ def twin_verdict(low: float, high: float) -> tuple[str, str]:
 
 
 def interval_phrase(low: float, high: float, digits: int = 3) -> str:
-    """The bootstrap interval of :func:`accuracy_difference` as a parenthesis for prose, signed with ``digits``
-    decimals: ``"(95% bootstrap interval over the test reviews -0.030 to -0.008)"``, or, when both bounds print
-    alike, ``"(the same, +0.000, on every bootstrap resample of the test reviews)"``.
+    """The 95% interval of :func:`accuracy_difference` (a bootstrap over the test reviews) as a parenthesis for
+    prose, signed with ``digits`` decimals: ``"(95% interval over the test reviews -0.030 to -0.008)"``, or, when
+    both bounds print alike, ``"(the same, +0.000, on every resample of the test reviews)"``.
 
     Raises:
         ValueError: ``low > high``.
@@ -497,8 +497,8 @@ def interval_phrase(low: float, high: float, digits: int = 3) -> str:
         raise ValueError(f"low must not exceed high, got {low} > {high}")
     a, b = f"{low:+.{digits}f}", f"{high:+.{digits}f}"
     if a == b:
-        return f"(the same, {a}, on every bootstrap resample of the test reviews)"
-    return f"(95% bootstrap interval over the test reviews {a} to {b})"
+        return f"(the same, {a}, on every resample of the test reviews)"
+    return f"(95% interval over the test reviews {a} to {b})"
 
 
 def twin_meaning(learned_ahead: bool, nearly_uniform: bool) -> str:
@@ -712,10 +712,22 @@ def uniform_reliance(model: nn.Module, part: dict, device: str | torch.device = 
     return {"flip_share": float(flips.mean()), "mean_abs_change": float(changes.mean()), "n": n}
 
 
+#: The share of predictions that uniform weights must change before chapter 7 says that a model's predictions rest
+#: on its weights (:func:`relies_on_weights`).
+RELIES_SHARE = 0.10
+
+
+def relies_on_weights(flip_share: float) -> bool:
+    """Whether a model's predictions rest on its attention weights: uniform weights in their place change at least
+    :data:`RELIES_SHARE` of them (:func:`uniform_reliance`)."""
+    return flip_share >= RELIES_SHARE
+
+
 def reliance_sentence(flip_share: float) -> str:
     """One sentence on :func:`uniform_reliance`: "Replacing its weights by uniform ones, with everything else kept,
     changes the predicted label of X of the test reviews." with X from :func:`percent_of` ("none", "under 1%",
-    "37%", "all"), and what that says.
+    "37%", "all"), and what that says: nothing rests on the weights (none), few predictions do (below
+    :data:`RELIES_SHARE`), or the predictions rest on them.
 
     Raises:
         ValueError: ``flip_share`` outside [0, 1] or NaN (from :func:`percent_of`).
@@ -725,6 +737,8 @@ def reliance_sentence(flip_share: float) -> str:
                f"{share} of the test reviews")
     if flip_share == 0:
         return opening + ": its predictions do not rest on where its attention goes."
+    if not relies_on_weights(flip_share):
+        return opening + ": few of its predictions rest on where its attention goes."
     return opening + ": its predictions rest on where its attention goes."
 
 
