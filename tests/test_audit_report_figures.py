@@ -124,10 +124,22 @@ def test_candidate_notes_name_only_the_candidates_present():
     frame = lambda *entries: pd.DataFrame({"entry": list(entries)})  # noqa: E731
     assert rf.candidate_notes(frame()) == ""
     assert rf.candidate_notes(frame("masked-lm:fnet")) == (
-        "By design, FNet mixes tokens with a Fourier transform instead of attention; for this one a difference "
+        "By design, FNet mixes tokens with a Fourier transform instead of attention. For this one, a difference "
         "may be part of the design rather than a bug.")
     assert rf.candidate_notes(frame("masked-lm:fnet", "masked-lm:yoso", "causal-lm:cpmant")) == (
-        "By design, FNet mixes tokens with a Fourier transform instead of attention and YOSO approximates "
-        "attention by hashing; for these a difference may be part of the design rather than a bug. For cpmant "
+        "By design, FNet mixes tokens with a Fourier transform instead of attention. YOSO approximates "
+        "attention by hashing. For these, a difference may be part of the design rather than a bug. For cpmant "
         "this page has no such explanation.")
     assert rf.candidate_notes(frame("causal-lm:a", "masked-lm:b")) == "For a and b this page has no such explanation."
+
+
+def test_sweep_short_at_its_edges():
+    ok = ("causal-lm:a", "A", "a", "pass", "pass", "none")
+    bug = ("masked-lm:c", "C", "c", "NaN", "pass", "candidate upstream bug: right padding")
+    assert rf.sweep_short(summary(ok)) == (
+        "none of the 1 audited entries differs beyond what the caller's documented requirements explain.")
+    assert rf.sweep_short(summary(ok, bug)) == (
+        "one of the 2 audited entries differs beyond what the caller's documented requirements explain: "
+        "a candidate upstream bug.")
+    with pytest.raises(ValueError, match="no entry of the sweep was audited"):
+        rf.sweep_short(summary(("d", "D", "d", "-", "-", "not built")))

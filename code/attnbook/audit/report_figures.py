@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["padded_batch_figure", "differences_figure", "point_kind", "sweep_counts", "sweep_candidates",
-           "sweep_sentence", "root_cause_table", "root_cause_sentence", "count_word", "side_sentence", "candidate_notes", "DESIGN_NOTES", "SWEEP_CAUSES", "ROOT_WORDS", "SIDE_WORDS"]
+           "sweep_sentence", "root_cause_table", "root_cause_sentence", "count_word", "side_sentence", "sweep_short", "candidate_notes", "DESIGN_NOTES", "SWEEP_CAUSES", "ROOT_WORDS", "SIDE_WORDS"]
 
 #: The sweep's root causes (:func:`attnbook.audit.transformers_sweep.classify`) in reading order, with the words the
 #: chapter uses for each and whose side it is on: the caller's documented requirement or the library's behaviour.
@@ -356,8 +356,27 @@ def candidate_notes(candidates: pd.DataFrame) -> str:
     others = [t for t in types if t not in DESIGN_NOTES]
     parts = []
     if noted:
-        parts.append(f"By design, {_names(noted)}; for {'this one' if len(noted) == 1 else 'these'} a "
-                     f"difference may be part of the design rather than a bug.")
+        parts.append("By design, " + ". ".join(noted) + ".")
+        parts.append(f"For {'this one' if len(noted) == 1 else 'these'}, a difference may be part of the design "
+                     f"rather than a bug.")
     if others:
         parts.append(f"For {_names(others)} this page has no such explanation.")
     return " ".join(parts)
+
+
+def sweep_short(summary: pd.DataFrame) -> str:
+    """The sweep in one short clause for the answer: how many audited entries differ in a way that the caller's
+    documented requirements do not explain (the candidate upstream bugs).
+
+    Raises:
+        ValueError: no entry was audited.
+    """
+    audited = summary[summary["cause"] != "not built"]
+    if audited.empty:
+        raise ValueError("no entry of the sweep was audited")
+    k, n = len(sweep_candidates(summary)), len(audited)
+    if k == 0:
+        return f"none of the {n} audited entries differs beyond what the caller's documented requirements explain."
+    what = "a candidate upstream bug" if k == 1 else "candidate upstream bugs"
+    return (f"{count_word(k)} of the {n} audited entries {'differs' if k == 1 else 'differ'} beyond what the "
+            f"caller's documented requirements explain: {what}.")
