@@ -387,9 +387,9 @@ def test_init_question_table_against_plain_means():
     runs = pd.DataFrame({"init": ["0.1"] * 3 + ["200.0"] * 3 + ["xavier"] * 3, "optimizer": "adam",
                          "test accuracy": [0.9, 0.92, 0.94, 0.1, 0.12, 0.14, 0.91, 0.93, 0.95]})
     table = ins.init_question_table(runs)
-    assert table.columns.tolist() == ["initialization", "test accuracy", "95% interval", "runs"]
+    assert table.columns.tolist() == ["initialization", "mean test accuracy", "95% interval", "runs"]
     assert table["initialization"].tolist() == ["N(0, 0.1²)", "N(0, 200²)", "Xavier (normal)"]
-    assert table["test accuracy"].tolist() == ["0.920", "0.120", "0.930"]
+    assert table["mean test accuracy"].tolist() == ["0.920", "0.120", "0.930"]
     assert table["runs"].tolist() == [3, 3, 3]
     low, high = (float(x) for x in table.loc[1, "95% interval"].split(" to "))
     assert 0.1 <= low <= 0.12 <= high <= 0.14

@@ -371,7 +371,8 @@ def init_question_table(runs: pd.DataFrame, order: tuple = ("0.1", "200.0", "xav
     """Chapter 3's results table for the question "why does a scale of 200 stay at chance?" (section "Why initial
     weights of size 200 leave a classifier at chance"): one row per initialization in ``order``, with the mean test
     accuracy over its runs, the 95% interval of that mean and the number of runs
-    (:func:`attnbook.evidence.summary_table`, three decimals).
+    (:func:`attnbook.evidence.summary_table`, three decimals). Columns: ``initialization, mean test accuracy,
+    95% interval, runs``; the interval is ``"–"`` for a single run.
 
     Args:
         runs: one row per run with ``init`` (text, as :func:`read_runs` gives it), ``optimizer`` and ``test
@@ -390,7 +391,7 @@ def init_question_table(runs: pd.DataFrame, order: tuple = ("0.1", "200.0", "xav
         raise ValueError(f"runs must use one optimizer, got {optimizers}")
     runs = runs.astype({"init": str})
     table = summary_table(runs, "init", "test accuracy", digits=3, order=list(order), labels=INIT_LABELS)
-    return table.rename(columns={"condition": "initialization", "mean": "test accuracy"})
+    return table.rename(columns={"condition": "initialization", "mean": "mean test accuracy"})
 
 
 def _signed(x: float) -> str:
