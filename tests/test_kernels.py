@@ -1,5 +1,7 @@
 """attnbook.kernels against statsmodels' kernel regression, brute-force NumPy, and finite differences."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -228,3 +230,22 @@ def test_leave_one_out_errors():
         leave_one_out_mse(torch.zeros(1), torch.zeros(1), 1.0)
     with pytest.raises(ValueError, match=r"y_train must be \(3,\) to match x_train"):
         leave_one_out_mse(torch.zeros(3), torch.zeros(2), 1.0)
+
+
+def test_kernel_sd_matches_numerical_integration():
+    """Each kernel's standard deviation in u, from sqrt(int u^2 K / int K) over the real line (scipy's quad)."""
+    from scipy.integrate import quad
+
+    from attnbook.kernels import KERNEL_SD, KERNELS, matched_bandwidths
+
+    for name, (log_kernel, radius) in KERNELS.items():
+        def k(u):
+            return float(torch.exp(log_kernel(torch.tensor(abs(u), dtype=torch.float64)))) if abs(u) < radius else 0.0
+        limit = min(radius, 60.0)
+        mass = quad(k, -limit, limit, points=[0.0], limit=200)[0]
+        second = quad(lambda u: u * u * k(u), -limit, limit, points=[0.0], limit=200)[0]
+        assert math.sqrt(second / mass) == pytest.approx(KERNEL_SD[name], rel=1e-6), name
+    h = matched_bandwidths(0.25)
+    assert {name: h[name] * KERNEL_SD[name] for name in h} == pytest.approx({name: 0.25 for name in h})
+    with pytest.raises(ValueError, match="sd must be positive"):
+        matched_bandwidths(0.0)

@@ -331,3 +331,27 @@ class NadarayaWatson(nn.Module):
         )
         self.attention_weights = weights.detach()
         return out
+
+
+#: The standard deviation of each kernel of :data:`KERNELS` as a density in ``u = |x - x_i| / h``, in units of the
+#: bandwidth ``h``: Gaussian 1, Laplacian sqrt(2), Epanechnikov 1/sqrt(5), boxcar 1/sqrt(3). Chapter 2, section
+#: "Four kernels".
+KERNEL_SD = {"gaussian": 1.0, "laplacian": math.sqrt(2.0), "epanechnikov": 1 / math.sqrt(5.0),
+             "boxcar": 1 / math.sqrt(3.0)}
+
+
+def matched_bandwidths(sd: float) -> dict[str, float]:
+    """The bandwidth ``h`` of each kernel of :data:`KERNELS` at which its weights have standard deviation ``sd``
+    (in the units of x), so that kernels of different shapes can be compared at one width: ``sd / KERNEL_SD[k]``.
+
+    Raises:
+        ValueError: ``sd`` is not positive.
+
+    Chapter 2, section "Four kernels" (Fig. ``fig-kr-kernels``).
+    """
+    if not sd > 0:
+        raise ValueError(f"sd must be positive, got {sd}")
+    return {name: sd / KERNEL_SD[name] for name in KERNELS}
+
+
+__all__ += ["KERNEL_SD", "matched_bandwidths"]
