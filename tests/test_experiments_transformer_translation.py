@@ -319,3 +319,18 @@ def test_verdict_phrase_gives_the_effect_and_its_interval():
     assert verdict_phrase(one) == "not yet compared (1 paired run, too few for a verdict)"
     with pytest.raises(ValueError, match="verdict must be one of"):
         verdict_phrase(row.replace("higher", "better"))
+
+
+def test_results_table_gives_each_model_and_decoding_its_mean_interval_and_runs():
+    runs = pd.concat([_runs("bahdanau", [39.0, 39.5, 39.9]), _runs("transformer", [41.0, 42.5, 40.2])])
+    runs["bleu_beam"] = runs["bleu_greedy"] + 1.0
+    table = ex.results_table(runs)
+    assert list(table.columns) == ["condition", "BLEU", "95% interval", "runs"]
+    assert table["condition"].tolist() == ["Transformer, greedy", "Bahdanau (chapter 4), greedy",
+                                           "Transformer, beam search", "Bahdanau (chapter 4), beam search"]
+    assert table.loc[0, "BLEU"] == f"{np.mean([41.0, 42.5, 40.2]):.1f}" and (table["runs"] == 3).all()
+    one = ex.results_table(runs[(runs.seed == 0) & (runs.model == "transformer")])      # one run, one model
+    assert one["condition"].tolist() == ["Transformer, greedy", "Transformer, beam search"]
+    assert (one["95% interval"] == "–").all()
+    with pytest.raises(ValueError, match=r"runs lacks the columns \['bleu_beam'\]"):
+        ex.results_table(runs.drop(columns="bleu_beam"))

@@ -65,7 +65,7 @@ from .seq2seq import train_model as seq2seq_train_model
 
 __all__ = ["MODELS", "VERDICTS", "TranslationConfig", "TranslationResults", "StoredRuns", "build_model",
            "train_model", "evaluate", "run_experiment", "read_runs", "comparison_runs", "compare_models",
-           "verdict_phrase", "main", "LAYOUT"]
+           "verdict_phrase", "results_table", "main", "LAYOUT"]
 
 #: The models of the comparison.
 MODELS = ("transformer", "bahdanau")
@@ -600,6 +600,38 @@ def compare_models(runs: pd.DataFrame, value: str = "bleu_greedy", min_pairs: in
                        seed=seed).iloc[0].copy()
     row["verdict"] = {"no difference resolved": "within seed noise"}.get(row["verdict"], row["verdict"])
     return row
+
+
+def results_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The plain results table of chapter 8's translation comparison: one row per model and decoding (greedy,
+    then beam search), with the mean BLEU over the runs, the 95% interval of the mean and the number of runs
+    (:func:`attnbook.evidence.summary_table`).
+
+    Args:
+        runs: one row per run with ``model``, ``seed``, ``bleu_greedy`` and ``bleu_beam`` (:func:`comparison_runs`).
+
+    Returns:
+        Columns ``condition, BLEU, 95% interval, runs``; a model without runs is left out.
+
+    Raises:
+        ValueError: a column is missing.
+
+    Chapter 8, section "A Transformer translator".
+    """
+    from ..evidence import summary_table
+
+    missing = sorted({"model", "seed", "bleu_greedy", "bleu_beam"} - set(runs.columns))
+    if missing:
+        raise ValueError(f"runs lacks the columns {missing}")
+    long = runs.melt(id_vars=["model", "seed"], value_vars=["bleu_greedy", "bleu_beam"], var_name="decoding",
+                     value_name="bleu").dropna(subset=["bleu"])
+    names = {"transformer": "Transformer", "bahdanau": "Bahdanau (chapter 4)"}
+    ways = {"bleu_greedy": "greedy", "bleu_beam": "beam search"}
+    present = set(zip(long["model"], long["decoding"]))
+    order = [(m, d) for d in ways for m in names if (m, d) in present]
+    labels = {(m, d): f"{names[m]}, {ways[d]}" for m, d in order}
+    table = summary_table(long, ["model", "decoding"], "bleu", digits=1, order=order, labels=labels)
+    return table.rename(columns={"mean": "BLEU"})
 
 
 def verdict_phrase(row: pd.Series, baseline: str = "Bahdanau's model's") -> str:
