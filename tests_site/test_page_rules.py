@@ -85,15 +85,20 @@ MEASURE_JS = """
 """
 
 
-@pytest.fixture(scope="module")
-def measured(browser, site_url):
+def evaluate_pages(browser, site_url, names, script):
+    """``{name: result of script}`` for each page, in Chromium at 1280 x 900."""
     results = {}
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    for name in CHAPTER_PAGES:
+    for name in names:
         page.goto(f"{site_url}/{name}", wait_until="load")
-        results[name] = page.evaluate(MEASURE_JS)
+        results[name] = page.evaluate(script)
     page.close()
     return results
+
+
+@pytest.fixture(scope="module")
+def measured(browser, site_url):
+    return evaluate_pages(browser, site_url, CHAPTER_PAGES, MEASURE_JS)
 
 
 def test_there_are_chapter_pages():
@@ -164,13 +169,7 @@ VISIBLE_TEXT_JS = """
 
 @pytest.fixture(scope="module")
 def visible_text(browser, site_url):
-    texts = {}
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    for name in ALL_PAGES:
-        page.goto(f"{site_url}/{name}", wait_until="load")
-        texts[name] = page.evaluate(VISIBLE_TEXT_JS)
-    page.close()
-    return texts
+    return evaluate_pages(browser, site_url, ALL_PAGES, VISIBLE_TEXT_JS)
 
 
 @pytest.mark.parametrize("name", ALL_PAGES)

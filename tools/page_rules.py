@@ -93,25 +93,26 @@ CHAPTER_GROUPS = {"chapters 1-3": ("01", "02", "03"), "chapters 4-6": ("04", "05
 HIDDEN_SOURCE_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
 
 
-def bookkeeping(text: str) -> list[tuple[str, str]]:
-    """``(rule, matched text with some context)`` for every bookkeeping phrase in ``text``."""
+def _matches(patterns: dict[str, re.Pattern], text: str) -> list[tuple[str, str]]:
+    """``(rule, matched text with 40 characters of context on each side)`` for every match of ``patterns``."""
     found = []
-    for name, pattern in BOOKKEEPING.items():
+    for name, pattern in patterns.items():
         for match in pattern.finditer(text):
             start, end = max(0, match.start() - 40), min(len(text), match.end() + 40)
             found.append((name, " ".join(text[start:end].split())))
     return found
 
 
+def bookkeeping(text: str) -> list[tuple[str, str]]:
+    """``(rule, matched text with some context)`` for every bookkeeping phrase in ``text``."""
+    return _matches(BOOKKEEPING, text)
+
+
 def one_voice(text: str) -> list[tuple[str, str]]:
     """``(rule, matched text with some context)`` for every statistical test name, every word about the numbers'
     source (:data:`STATISTICS`, :data:`SOURCES`) in a chapter's prose, and one entry when "seed" occurs more than
     :data:`MAX_SEED_MENTIONS` times."""
-    found = []
-    for name, pattern in {**STATISTICS, **SOURCES}.items():
-        for match in pattern.finditer(text):
-            start, end = max(0, match.start() - 40), min(len(text), match.end() + 40)
-            found.append((name, " ".join(text[start:end].split())))
+    found = _matches({**STATISTICS, **SOURCES}, text)
     seeds = _SEED.findall(text)
     if len(seeds) > MAX_SEED_MENTIONS:
         found.append(("seed", f"{len(seeds)} mentions of seed(s) (at most {MAX_SEED_MENTIONS})"))
@@ -121,12 +122,7 @@ def one_voice(text: str) -> list[tuple[str, str]]:
 def raw_markup(text: str) -> list[tuple[str, str]]:
     """``(rule, matched text with some context)`` for every piece of unrendered markup (:data:`RAW_MARKUP`) in the
     text a reader sees (code left out)."""
-    found = []
-    for name, pattern in RAW_MARKUP.items():
-        for match in pattern.finditer(text):
-            start, end = max(0, match.start() - 40), min(len(text), match.end() + 40)
-            found.append((name, " ".join(text[start:end].split())))
-    return found
+    return _matches(RAW_MARKUP, text)
 
 
 def words(text: str) -> int:
