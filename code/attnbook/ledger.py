@@ -114,6 +114,8 @@ STORES: tuple[Store, ...] = (
           "python -m attnbook.experiments.packing --mode full --out results/packing_full.csv", needs="a GPU"),
     Store("audit", 10, "the padding audit of every subject, three seeds and two sets of lengths",
           "python -m attnbook.audit --out results/audit.csv", has_mode=False, engine="one process"),
+    Store("audit_transformers", 10, "the sweep of transformers' causal-LM and masked-LM architectures, tiny and "
+          "random", "python -m attnbook.audit --transformers", has_mode=False, engine="one process"),
 )
 
 
