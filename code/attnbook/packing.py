@@ -30,6 +30,15 @@ by ``cu_seqlens`` alone (:func:`cu_seqlens_from_lengths`), with position ids res
 :func:`cu_seqlens_from_position_ids` goes back) and, for kernels that need a mask, the block-diagonal causal mask
 :func:`flat_document_mask`.
 
+Every attention function takes ``causal=True`` for a decoder: each token then sees only the tokens of its own
+document at or before it (:func:`document_causal_mask`), as ``F.scaled_dot_product_attention(..., is_causal=True)``
+gives each document run alone.
+
+Language-model training on packed rows (chapter 9, section "Packing for a language model"): :func:`lm_labels` (the
+ids, with -100 at pads and at every document's first token), :func:`count_targets` and :func:`lm_loss` (the summed
+next-token loss divided by the step's count of predicted tokens, across micro-batches), and
+:func:`packed_lm_logits` (chapter 8's decoder-only model with the document causal mask and restarting positions).
+
 Every output is ``(B, H, L, D)`` with zeros at the pads' positions (a query that may attend to nothing gets a zero
 output, attnbook's convention for fully masked rows).
 """
