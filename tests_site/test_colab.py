@@ -27,8 +27,9 @@ def _run(cmd, **kwargs):
 
 
 def _local_spec() -> str:
-    """The first cell's ``git+{REPO_URL}@main#subdirectory=code``, with this repository's path as REPO_URL."""
-    template = re.search(r'f"(git\+\{REPO_URL\}@[^"]+)"', COLAB_CELL).group(1)
+    """The first cell's ``attnbook[book] @ git+{REPO_URL}@main#subdirectory=code`` (the package with the book's
+    extra), with this repository's path as REPO_URL."""
+    template = re.search(r'f"((?:attnbook\[book\] @ )?git\+\{REPO_URL\}@[^"]+)"', COLAB_CELL).group(1)
     branch = "main"
     has_main = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "refs/heads/main"], cwd=ROOT,
                               capture_output=True).returncode == 0
