@@ -86,14 +86,18 @@ def test_chapter_keeps_run_bookkeeping_in_the_appendix(nb):
         assert f"`{name}" not in markdown, f"{nb.name} shows the glued {name}; the appendix page shows the build's"
 
 
-STORED_CHAPTERS = {"03", "04", "05", "06", "07", "08", "09"}
+STORED_CHAPTERS = {"03", "04", "05", "07", "08", "09", "10"}
 
 
 @pytest.mark.parametrize("nb", [p for p in NOTEBOOKS if p.name[:2] in STORED_CHAPTERS], ids=lambda p: p.name)
-def test_chapter_with_stored_runs_links_to_its_part_of_the_appendix(nb):
+def test_chapter_with_stored_runs_links_to_its_evidence_page_once(nb):
+    """One voice per page (issue 43): the apparatus is one click away, on the chapter's evidence page, and the
+    chapter links to it exactly once."""
     markdown = "\n".join(_source(c) for c in _cells(nb) if c["cell_type"] == "markdown")
-    label = f"sec-how-numbers-ch{int(nb.name[:2])}"
-    assert re.search(r"\{ref\}`[^`]*<" + label + ">`", markdown), f"{nb.name} does not link to {label}"
+    page = f"evidence/ch{nb.name[:2]}"
+    links = re.findall(r"\]\(\.\./" + page + r"\.(?:ipynb|md)\)|\{doc\}`[^`]*" + page + "[^`]*`", markdown)
+    assert len(links) == 1, f"{nb.name} links to {page} {len(links)} times (once is the rule)"
+    assert (ROOT / f"{page}.ipynb").exists()
 
 
 def test_appendix_shows_the_build_and_names_every_store():
