@@ -373,14 +373,20 @@ CHECK_FUNCTIONS: dict[str, Callable[[Run], Result]] = {
 
 
 def polarity_hint(run: Run) -> str:
-    """A note for the failed padding checks when the mask's polarity looks inverted: with the whole mask inverted,
-    every row equals its sequence run alone (and at least one row has pads). ``""`` otherwise."""
+    """A note for the failed padding checks when the mask's polarity looks inverted: with the mask inverted, every
+    row of the padded batch equals its sequence run alone with the inverted mask of a batch of one (all False), and
+    at least one row has pads. ``""`` otherwise."""
     if not any(0 < n < run.length for n in run.lengths):
         return ""
     ids, mask = run.data.batch()
     try:
         out = run.call(ids, ~mask)
-        diffs = [run.diff(run.alone(i), run.real(out, i, run.length)) for i in run.non_empty]
+        diffs = []
+        for i in run.non_empty:
+            seq = run.data.sequences[i]
+            alone = run.call(seq[None].to(run.device), torch.zeros(1, len(seq), dtype=torch.bool,
+                                                                   device=run.device))[0]
+            diffs.append(run.diff(alone, run.real(out, i, run.length)))
     except (ForwardRaised, WrongLength, ValueError, TypeError):
         return ""
     if diffs and all(d.within for d in diffs):
