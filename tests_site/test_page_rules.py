@@ -30,8 +30,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 import page_rules  # noqa: E402
 
 CHAPTER_PAGES = sorted(p.relative_to(HTML).as_posix() for p in (HTML / "chapters").glob("*.html"))
+#: Every page of the site that a reader reads (the root index.html only redirects to the introduction).
 ALL_PAGES = sorted(p.relative_to(HTML).as_posix() for p in HTML.rglob("*.html")
-                   if not {"_static", "_sources", "_images", "genindex.html", "search.html"} & set(p.parts))
+                   if not {"_static", "_sources", "_images", "genindex.html", "search.html"} & set(p.parts)
+                   and p != HTML / "index.html")
 #: The chapters with full-scale runs, each with an evidence page ``evidence/chNN.html``.
 EVIDENCE_CHAPTERS = ("03", "04", "05", "07", "08", "09", "10")
 
@@ -78,7 +80,7 @@ MEASURE_JS = """
   const statsProse = article.innerText;
   const links = Array.from(article.querySelectorAll('a')).filter(visible).map(a => a.innerText);
   const evidenceLinks = Array.from(article.querySelectorAll('a[href]'))
-    .map(a => a.getAttribute('href')).filter(h => /(^|\/)evidence\/ch\d\d\.html/.test(h));
+    .map(a => a.getAttribute('href')).filter(h => /(^|\\/)evidence\\/ch\\d\\d\\.html/.test(h));
   hidden.forEach(([e, display]) => e.style.display = display);
   return {wide, codeLines, boxes, prose, statsProse, links, evidenceLinks};
 }

@@ -6,5 +6,5 @@ import sys
 
 REPO_URL = "https://github.com/attnbook/attention-masked-unmasked"
 if "google.colab" in sys.modules and importlib.util.find_spec("attnbook") is None:
-    url = f"git+{REPO_URL}@main#subdirectory=code"
+    url = f"attnbook[book] @ git+{REPO_URL}@main#subdirectory=code"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", url], check=True)
