@@ -98,6 +98,11 @@ def evaluate_pages(browser, site_url, names, script):
     return results
 
 
+def listed(found: list[tuple[str, str]]) -> str:
+    """The first eight ``(rule, context)`` pairs of a page rule's findings, for an assertion message."""
+    return "; ".join(f"{rule}: ...{context}..." for rule, context in found[:8])
+
+
 @pytest.fixture(scope="module")
 def measured(browser, site_url):
     return evaluate_pages(browser, site_url, CHAPTER_PAGES, MEASURE_JS)
@@ -116,8 +121,7 @@ def test_no_code_block_scrolls_sideways(measured, name):
 @pytest.mark.parametrize("name", CHAPTER_PAGES)
 def test_no_bookkeeping_in_the_prose(measured, name):
     found = page_rules.bookkeeping(measured[name]["prose"])
-    assert not found, "bookkeeping on a chapter page (it belongs in the appendix): " + "; ".join(
-        f"{rule}: ...{context}..." for rule, context in found[:8])
+    assert not found, "bookkeeping on a chapter page (it belongs in the appendix): " + listed(found)
 
 
 @pytest.mark.parametrize("name", CHAPTER_PAGES)
@@ -145,8 +149,7 @@ def page_stats(measurement: dict) -> dict:
 @pytest.mark.parametrize("name", CHAPTER_PAGES)
 def test_one_voice_per_page(measured, name):
     found = page_rules.one_voice(measured[name]["statsProse"])
-    assert not found, "belongs on the chapter's evidence page: " + "; ".join(
-        f"{rule}: ...{context}..." for rule, context in found[:8])
+    assert not found, "belongs on the chapter's evidence page: " + listed(found)
 
 
 @pytest.mark.parametrize("number", EVIDENCE_CHAPTERS)
@@ -177,8 +180,7 @@ def visible_text(browser, site_url):
 @pytest.mark.parametrize("name", ALL_PAGES)
 def test_no_raw_markup_on_any_page(visible_text, name):
     found = page_rules.raw_markup(visible_text[name])
-    assert not found, "markup that did not render: " + "; ".join(f"{rule}: ...{context}..." for rule, context in
-                                                                 found[:8])
+    assert not found, "markup that did not render: " + listed(found)
 
 
 @pytest.mark.parametrize("group", sorted(page_rules.CHAPTER_GROUPS))
