@@ -5,6 +5,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -67,6 +68,12 @@ def test_an_isolated_entry_past_its_time_limit_is_stopped_whatever_it_runs(monke
 
 
 def test_an_isolated_entry_returns_the_same_record_as_in_process():
+    # a multi-threaded op in this process first: a forked child then inherits OpenMP's thread pool without its
+    # threads, and hung until the child was made to run on one thread (found by CI)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    torch.randn(512, 512) @ torch.randn(512, 512)
+    torch.set_num_threads(threads)
     entry = sweep.Entry("causal-lm", "gpt2", "GPT2LMHeadModel")
     isolated, direct = sweep.audit_isolated(entry), sweep.audit_entry(entry)
     assert sweep.classify(isolated) == sweep.classify(direct)

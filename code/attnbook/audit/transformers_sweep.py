@@ -321,6 +321,9 @@ def audit_isolated(entry: Entry, timeout: float = 60.0, **kwargs: Any) -> dict[s
 
     def child() -> None:
         try:
+            # a forked child inherits the parent's OpenMP thread pool without its threads: a parallel region with
+            # more than one thread waits for them for ever (GNU libgomp is not fork-safe), so the child runs on one
+            torch.set_num_threads(1)
             sender.send(audit_entry(entry, timeout=0, **kwargs))
         finally:
             sender.close()
