@@ -43,6 +43,9 @@ def test_a_chapter_runs_like_on_colab(tmp_path):
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # Colab's pip is current; the pip that Python 3.11's venv bundles (23.2) rejects a git+file:/// URL with no
+    # host in a named requirement ("Invalid URL"), so upgrade it first, as `make` does for .venv
+    _run(pip + ["--upgrade", "pip"])
     # What Colab has before the reader's first cell runs: torch (here the local CPU wheel) and a Jupyter kernel.
     torch_pin = next(l for l in (ROOT / "requirements.txt").read_text().splitlines() if l.startswith("torch=="))
     _run(pip + [torch_pin, "ipykernel", "nbclient", "nbformat"])

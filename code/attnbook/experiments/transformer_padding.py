@@ -195,8 +195,7 @@ def compare_conditions(frame: pd.DataFrame, comparisons: tuple[Comparison, ...] 
             of device (``device`` column: CPU or GPU); each comparison uses the kind with more paired seeds.
         comparisons: the comparisons (default :data:`COMPARISONS`).
         value: the compared result (accuracy is a fraction: a difference of 0.003 is 0.3 points).
-        min_pairs: paired seeds needed for a verdict (10 for the stored runs, as chapter 5; a live quick run passes
-            its number of seeds).
+        min_pairs: paired seeds needed for a verdict (:data:`attnbook.evidence.MIN_PAIRS`, the book's one rule).
         n_resamples, seed: of the bootstrap (:func:`attnbook.stats.bootstrap_ci`).
 
     Returns:
