@@ -246,8 +246,8 @@ CORRECTED, NOT_YET = "not resolved after Holm's correction", "not yet answered"
     ("higher", 6.7, "higher than the baseline"),
     ("lower", -1.0, "lower than the baseline"),
     ("no difference resolved", 0.0, "within the run-to-run noise of the baseline"),
-    (CORRECTED, 3.3, "higher than the baseline on average, not resolved among this question's comparisons"),
-    (CORRECTED, -0.2, "lower than the baseline on average, not resolved among this question's comparisons"),
+    (CORRECTED, 3.3, "higher than the baseline on average (shown for information, not tested)"),
+    (CORRECTED, -0.2, "lower than the baseline on average (shown for information, not tested)"),
     (NOT_YET, NAN, "not yet compared with the baseline"),
 ])
 def test_verdict_words_name_no_test_and_no_seed(verdict, diff, words):

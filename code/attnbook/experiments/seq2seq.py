@@ -959,8 +959,9 @@ def interval_words(ci_low: float, ci_high: float, digits: int = 1) -> str:
 def verdict_words(verdict: str, mean_diff: float, baseline: str) -> str:
     """A verdict of :func:`attnbook.evidence.verdict` in words that follow "X scores", naming no test:
     ``"higher than <baseline>"``, ``"lower than <baseline>"``, ``"within the run-to-run noise of <baseline>"`` (no
-    difference resolved), ``"higher than <baseline> on average, not resolved among this question's comparisons"``
-    (resolved by its interval but not after the family's correction; "lower" by the sign of ``mean_diff``), or
+    difference resolved), ``"higher than <baseline> on average (shown for information, not tested)"`` (a comparison
+    the runs were not designed to test: resolved by its interval but not after the family's correction; "lower" by
+    the sign of ``mean_diff``), or
     ``"not yet compared with <baseline>"`` (too few paired runs).
 
     Raises:
@@ -981,7 +982,7 @@ def verdict_words(verdict: str, mean_diff: float, baseline: str) -> str:
     if np.isnan(mean_diff):
         raise ValueError("mean_diff is NaN: there is no difference to describe")
     side = "higher" if mean_diff > 0 else "lower"
-    return f"{side} than {baseline} on average, not resolved among this question's comparisons"
+    return f"{side} than {baseline} on average (shown for information, not tested)"
 
 
 def paired_sentence(subject: str, baseline: str, row: Mapping, unit: str = "BLEU", digits: int = 1) -> str:
