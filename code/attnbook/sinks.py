@@ -290,9 +290,10 @@ def online_softmax_rule(scores: Tensor, values: Tensor, mask: Tensor | None = No
     ``-inf``; while every score seen is ``-inf``, the max used as the exponent's reference is replaced by 0 (its
     ``Check_inf``), so ``exp(-inf - 0) = 0`` and not ``exp(-inf + inf) = NaN``. At the end ``l = 0`` and the output
     accumulator (0) is divided by 1 instead of ``l``: output 0. The kernels of the flash-attn package write ``lse``
-    for such a row as ``+inf`` when the keys are not split (so that the backward pass's ``exp(s - lse)`` is 0) and as
-    ``-inf`` when they are split (so that merging the splits gives it no weight); this function returns the
-    mathematical value ``-inf``. Chapter 9, section "Attending to nowhere".
+    for such a row as ``+inf`` (so that the backward pass's ``exp(s - lse)`` is 0). Only the partial ``lse`` of one
+    key split is ``-inf`` (so that merging the splits gives it no weight), and the merged row gets ``+inf`` again
+    (``csrc/flash_attn/src/softmax.h`` and ``flash_fwd_kernel.h``). This function returns the mathematical value
+    ``-inf``. Chapter 9, section "Attending to nowhere".
     """
     _check_scores(scores)
     if block_size < 1:
