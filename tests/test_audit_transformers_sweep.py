@@ -106,3 +106,127 @@ def test_direct_check_agrees_with_the_audit_on_gpt2_and_llama():
     assert gpt2["right"] < 1e-5 and gpt2["left"] < 1e-5  # position ids from the mask on both sides
     bart = sweep.direct_check(sweep.Entry("causal-lm", "bart", "BartForCausalLM"))
     assert bart["right"] < 1e-5 and bart["left"] > 1e-3  # no position_ids: left padding shifts positions
+
+
+# --- classification at its edges, on planted records (no model) ---------------------------------------------------
+
+def _record(fail=None, *, positions="from_mask", missing=(), raised=()):
+    """A planted record: every condition and check passes except ``fail`` ({(condition, check): (rel, detail)})."""
+    fail = fail or {}
+    rows = []
+    for condition in sweep.CONDITIONS:
+        if condition in missing:
+            continue
+        if condition in raised:
+            rows.append({"condition": condition, "kind": "", "position_ids": positions, "dtype": "",
+                         "check": "forward", "mode": "no_grad", "passed": False, "max_abs_diff": float("nan"),
+                         "max_rel_diff": float("nan"), "detail": "RuntimeError: boom"})
+            continue
+        for check in (*sweep.PADDING_CHECKS, "empty_row"):
+            rel, detail = fail.get((condition, check), (0.0, ""))
+            rows.append({"condition": condition, "kind": "decoder", "dtype": "float32",
+                         "position_ids": positions if condition == "left_positions" else "none",
+                         "check": check, "mode": "no_grad", "passed": (condition, check) not in fail,
+                         "max_abs_diff": rel, "max_rel_diff": rel, "detail": detail})
+    return {"entry": "causal-lm:planted", "mapping": "causal-lm", "model_type": "planted", "class": "Planted",
+            "status": "audited", "reason": "", "rows": rows}
+
+
+def test_only_an_entry_whose_every_condition_ran_and_passed_counts_as_passed():
+    assert sweep.classify(_record())["cause"] == "none"
+    assert sweep.classify(_record())["half"] == "pass"
+    # one condition missing, or raising, is never a pass
+    assert sweep.classify(_record(missing=("bf16",)))["cause"] == "unclassified"
+    assert sweep.classify(_record(raised=("bf16",)))["cause"] == "half precision: fails"
+
+
+def test_an_entry_whose_forward_raised_in_every_condition_is_not_a_pass():
+    row = sweep.classify(_record(raised=tuple(sweep.CONDITIONS)))
+    assert row["cause"] == "forward raised an error" and row["right"] == "error"
+    assert row["half"] == "fp16, bf16" and "right: forward" in row["failed"]
+    # a padding check whose forward raised (the Funnel case) is an error as well
+    funnel = _record({(c, "batch_equivalence"): (float("nan"), "forward raised RuntimeError: index 4")
+                      for c in sweep.CONDITIONS})
+    assert sweep.classify(funnel)["cause"] == "forward raised an error"
+
+
+def test_half_precision_failures_get_their_own_causes_at_the_dtype_tolerance():
+    fp16_tol = 8 * torch.finfo(torch.float16).eps  # 7.8e-3
+    within = sweep.classify(_record({("fp16", "batch_equivalence"): (fp16_tol, "rows 0 differ")}))
+    assert within["cause"] == "half precision: within its rounding" and within["half"] == "fp16"
+    beyond = sweep.classify(_record({("fp16", "batch_equivalence"): (fp16_tol * 1.01, "rows 0 differ")}))
+    assert beyond["cause"] == "half precision: fails"
+    nan = sweep.classify(_record({("bf16", "extra_padding"): (float("nan"), "rows 0: NaN or infinite outputs")}))
+    assert nan["cause"] == "half precision: fails" and nan["bf16"] == "NaN"
+    # an fp32 cause comes first; the half-precision failure stays visible in ``half``
+    both = sweep.classify(_record({("left", "batch_equivalence"): (1.0, "x"),
+                                   ("fp16", "batch_equivalence"): (1.0, "x")}))
+    assert both["cause"] == "positions count the pads (pass position_ids)" and both["half"] == "fp16"
+
+
+def test_left_padding_causes_are_told_apart_by_the_failing_checks():
+    left = ("left", "batch_equivalence"), ("left", "extra_padding")
+    no_positions = {**{k: (1.0, "x") for k in left}, **{("left_positions", c): (1.0, "x") for c in
+                                                       ("batch_equivalence", "extra_padding")}}
+    assert sweep.classify(_record(no_positions, positions="not taken"))["cause"] == \
+        "positions cannot follow left padding"
+    rwkv = {**no_positions, ("left", "pad_content"): (1.0, "x")}
+    assert sweep.classify(_record(rwkv, positions="not taken"))["cause"] == \
+        "pads reach real tokens under left padding"
+    assert sweep.classify(_record({("left", "pad_content"): (1.0, "x")}))["cause"] == "reads the pad ids"
+    mobilebert = {("right", "pad_content"): (0.2, "x"), ("left_positions", "pad_content"): (0.1, "x")}
+    assert sweep.classify(_record(mobilebert))["cause"] == "reads the pad ids"
+    assert sweep.classify(_record({("right", "extra_padding"): (1e-3, "x")}))["cause"] == \
+        "candidate upstream bug: right padding"
+    assert sweep.classify(_record({("left_positions", "batch_equivalence"): (0.4, "x")}))["cause"] == \
+        "candidate upstream bug: left padding with position_ids"
+
+
+def test_cause_counts_add_up_and_refuse_an_unknown_cause():
+    records = [_record(), _record(raised=tuple(sweep.CONDITIONS)),
+               _record({("fp16", "batch_equivalence"): (1.0, "x")})]
+    table = sweep.summary(records)
+    counts = sweep.cause_counts(table)
+    main = counts[counts["side"] != ""]
+    assert main["entries"].sum() == len(table) and counts.iloc[-1]["entries"] == 2
+    assert list(main["side"]) == ["none", "half precision", "not audited"]  # CAUSES order
+    with pytest.raises(ValueError, match="CAUSES does not know: \\['unclassified'\\]"):
+        sweep.cause_counts(sweep.summary([_record(missing=("fp16",))]))
+
+
+def test_the_csv_rebuilds_records_that_classify_the_same():
+    records = [_record(), _record({("left", "pad_content"): (1.0, "x")}, positions="not taken"),
+               {"entry": "masked-lm:x", "mapping": "masked-lm", "model_type": "x", "class": "X",
+                "status": "not built", "reason": "planted", "rows": []}]
+    records[1]["entry"] = "causal-lm:other"
+    long = pd.read_csv(__import__("io").StringIO(sweep.long_table(records).to_csv(index=False)))
+    assert sweep.summary(sweep.records_from_table(long)).to_dict("records") == \
+        sweep.summary(records).to_dict("records")
+
+
+def test_triage_counts_as_unexplained_only_what_the_direct_check_reproduces_without_a_note():
+    table = pd.DataFrame({"entry": ["causal-lm:a", "causal-lm:b", "masked-lm:fnet", "causal-lm:c", "causal-lm:d"],
+                          "model_type": ["a", "b", "fnet", "c", "d"],
+                          "cause": ["candidate upstream bug: right padding",
+                                    "candidate upstream bug: left padding with position_ids",
+                                    "candidate upstream bug: right padding",
+                                    "candidate upstream bug: right padding", "none"],
+                          "failed": ["right: pad_content", "left_positions: batch_equivalence",
+                                     "right: extra_padding", "right: extra_padding", ""]})
+    long = pd.DataFrame({"entry": ["causal-lm:a", "causal-lm:b"], "condition": ["right", "left_positions"],
+                         "passed": [False, False], "max_rel_diff": [0.5, 0.2]})
+    direct = {"causal-lm:a": {"right": 0.3, "left": 0.0, "attention_mask": True, "position_ids": False},
+              "causal-lm:b": {"right": 0.0, "left": sweep.DIRECT_TOLERANCE},  # at the bound: not reproduced
+              "masked-lm:fnet": {"right": 1.0, "left": 1.0, "attention_mask": False, "position_ids": True},
+              "causal-lm:c": {"right": "RuntimeError", "left": "RuntimeError"}}
+    t = sweep.triage(table, long, direct).set_index("entry")
+    assert list(t.index) == ["causal-lm:a", "causal-lm:b", "masked-lm:fnet", "causal-lm:c"]
+    assert t["unexplained"].tolist() == [True, False, False, False]
+    assert t.loc["causal-lm:a", "audit"] == "5.0e-01" and t.loc["causal-lm:a", "direct"] == "3.0e-01"
+    assert t.loc["causal-lm:b", "reading"] == "not reproduced directly (passes)"
+    assert t.loc["causal-lm:c", "reading"] == "not reproduced directly (the direct call raised)"
+    assert t.loc["causal-lm:c", "audit"] == "NaN"
+    assert t.loc["masked-lm:fnet", "described in"].startswith("[FNet's usage tips](https://huggingface.co/")
+    assert t.loc["masked-lm:fnet", "takes attention_mask"] == "no"
+    with pytest.raises(KeyError):
+        sweep.triage(table, long, {})

@@ -42,7 +42,8 @@ import torch
 from attnbook.provenance import atomic_write_text, provenance, write_provenance
 
 __all__ = ["CONDITIONS", "SHRINK", "OVERRIDES", "Entry", "entries", "tiny_config", "build", "audit_entry",
-           "audit_isolated", "direct_check", "classify", "summary", "main", "LENGTHS", "MODES"]
+           "audit_isolated", "direct_check", "classify", "summary", "cause_counts", "triage", "records_from_table",
+           "reclassify", "main", "LENGTHS", "MODES", "CAUSES", "NOTES", "FP32_CONDITIONS", "HALF_CONDITIONS"]
 
 DEFAULT_OUT = Path("results/audit_transformers.csv")
 #: Row lengths of the audited batch (padded to 12; ``extra_padding`` pads to 24).
@@ -358,9 +359,12 @@ def _rows(record: dict, condition: str) -> pd.DataFrame:
 
 
 def _state(rows: pd.DataFrame, checks: tuple[str, ...] | None = None) -> str:
-    """``pass``, ``NaN`` (a non-finite output), ``differs``, ``error`` or ``-`` (not run) for a condition's rows."""
+    """``pass``, ``NaN`` (a non-finite output), ``differs``, ``error`` or ``-`` (not run) for a condition's rows.
+
+    A condition whose forward raised has one row with check ``"forward"``: it is ``error`` whatever ``checks`` are.
+    """
     if checks is not None and len(rows):
-        rows = rows[rows["check"].isin(checks)]
+        rows = rows[rows["check"].isin((*checks, "forward"))]
     if not len(rows):
         return "-"
     if (rows["check"] == "forward").any():
@@ -368,50 +372,123 @@ def _state(rows: pd.DataFrame, checks: tuple[str, ...] | None = None) -> str:
     failed = rows[~rows["passed"].astype(bool)]
     if not len(failed):
         return "pass"
-    if failed["detail"].str.contains("NaN or infinite").any():
+    detail = failed["detail"].fillna("").astype(str)
+    if detail.str.contains("NaN or infinite").any():
         return "NaN"
-    if failed["detail"].str.startswith("forward raised").any():
+    if detail.str.startswith("forward raised").any():
         return "error"
     return "differs"
 
 
 PADDING_CHECKS = ("batch_equivalence", "extra_padding", "pad_content")
+#: The conditions in fp32 (the padding itself) and in half precision (the model cast to fp16 or bf16).
+FP32_CONDITIONS = ("right", "left", "left_positions")
+HALF_CONDITIONS = ("fp16", "bf16")
+
+#: Every cause :func:`classify` gives, in reading order: ``cause -> (the chapter's words, whose side)``. The side is
+#: ``"caller"`` (the caller's documented requirement), ``"design"`` (the model mixes positions by design),
+#: ``"library"`` (unexplained: a candidate upstream bug), ``"not audited"`` or ``"none"``.
+CAUSES: dict[str, tuple[str, str]] = {
+    "none": ("passed every check in all five conditions", "none"),
+    "positions count the pads (pass position_ids)":
+        ("absolute positions count the pads unless position_ids are passed", "caller"),
+    "reads the pad ids": ("other ids in the pads change real outputs (passes when the pads hold the pad id)",
+                          "caller"),
+    "positions cannot follow left padding":
+        ("absolute positions and no position_ids argument: pad on the right", "caller"),
+    "pads reach real tokens under left padding":
+        ("no position_ids, and the pads' ids change real outputs under left padding: pad on the right", "caller"),
+    "half precision: within its rounding":
+        ("passes in fp32; in fp16 or bf16 differs by less than that dtype's tolerance, but fails the tolerance of "
+         "the output's dtype", "half precision"),
+    "half precision: fails": ("passes in fp32; in fp16 or bf16 differs beyond that dtype's tolerance, gives NaN or "
+                              "raises", "half precision"),
+    "candidate upstream bug: left padding with position_ids":
+        ("differs under left padding even with position_ids from the mask", "library"),
+    "candidate upstream bug: right padding": ("differs or gives NaN under right padding in fp32", "library"),
+    "forward raised an error": ("the forward raised in a condition: not audited there", "not audited"),
+}
 
 
 def classify(record: dict) -> dict[str, Any]:
-    """One row of the summary: each condition's state (padding checks; the empty row apart), and the root cause.
+    """One row of the summary: each condition's state (padding checks; the empty row apart), and one root cause.
 
-    ``cause`` is one of: ``"not built"``; ``"candidate upstream bug: right padding"`` (right padding gives NaN or
+    ``cause`` (the keys of :data:`CAUSES`) is the first that applies of: ``"not built"``; ``"forward raised an
+    error"`` (a condition in fp32 raised: the entry was not audited there); ``"reads the pad ids"`` (in fp32 only
+    ``pad_content`` fails, under right padding and under left padding with position ids: other ids in the pads move
+    real outputs, the pad id does not); ``"candidate upstream bug: right padding"`` (right padding gives NaN or
     differs in fp32); ``"candidate upstream bug: left padding with position_ids"`` (left padding still differs when
-    the model takes position ids counted from the mask); ``"reads the pad ids"`` (under left padding without
-    position ids only ``pad_content`` fails: positions counted from the pad id, as RoBERTa's); ``"positions cannot
-    follow left padding"`` (the model takes no position_ids, and left padding differs); ``"positions count the pads
-    (pass position_ids)"`` (left padding differs without position ids and passes with them); ``"none"``.
+    the model takes position ids counted from the mask); ``"reads the pad ids"`` (under left padding without position
+    ids only ``pad_content`` fails: positions counted from the pad id, as RoBERTa's); ``"pads reach real tokens under
+    left padding"`` (no position_ids, left padding differs and ``pad_content`` fails too: the pads' ids, not only
+    their number, reach real tokens); ``"positions cannot follow left padding"`` (the model takes no position_ids,
+    and left padding differs); ``"positions count the pads (pass position_ids)"`` (left padding differs without
+    position ids and passes with them); ``"half precision: within its rounding"`` (every fp32 condition passes; fp16
+    or bf16 fails, but every failing difference is finite and within the default tolerance of that dtype, so only
+    the tolerance of the output's dtype failed it: a model that returns fp32 logits is judged at fp32's);
+    ``"half precision: fails"`` (every fp32 condition passes; fp16 or bf16 fails otherwise); ``"none"``: every condition ran and every check passed, the empty
+    row included. An entry that fits none of them is ``"unclassified"`` (never counted as a pass).
+
+    ``half`` says whether fp16 and bf16 passed every check (``"pass"``) or lists the ones that did not, whatever the
+    cause; ``failed`` lists each condition's failing checks (``"right: pad_content; fp16: forward"``).
     """
     if record["status"] != "audited":
         return {"entry": record["entry"], "model_type": record["model_type"], "mapping": record["mapping"],
                 "class": record["class"], "cause": "not built", "reason": record["reason"]}
     state = {name: _state(_rows(record, name), PADDING_CHECKS) for name in CONDITIONS}
     empty = {name: _state(_rows(record, name), ("empty_row",)) for name in CONDITIONS}
+    every = {name: _state(_rows(record, name)) for name in CONDITIONS}
     positions = next((r["position_ids"] for r in record["rows"] if r["condition"] == "left_positions"), "")
-    left_failed = set(_failed_checks(record, "left"))
-    if state["right"] in ("NaN", "differs"):
-        cause = "candidate upstream bug: right padding"
-    elif state["left_positions"] in ("NaN", "differs") and positions == "from_mask":
-        cause = "candidate upstream bug: left padding with position_ids"
-    elif left_failed == {"pad_content"}:
+    failed = {name: set(_failed_checks(record, name)) for name in CONDITIONS}
+    bad = ("NaN", "differs")
+    half_bad = [name for name in HALF_CONDITIONS if every[name] != "pass"]
+    if any(state[name] == "error" for name in FP32_CONDITIONS):
+        cause = "forward raised an error"
+    elif failed["right"] == {"pad_content"} and failed["left_positions"] <= {"pad_content"} \
+            and positions == "from_mask":
         cause = "reads the pad ids"
-    elif state["left"] in ("NaN", "differs") and positions == "not taken":
+    elif state["right"] in bad:
+        cause = "candidate upstream bug: right padding"
+    elif state["left_positions"] in bad and positions == "from_mask":
+        cause = "candidate upstream bug: left padding with position_ids"
+    elif failed["left"] == {"pad_content"}:
+        cause = "reads the pad ids"
+    elif state["left"] in bad and positions == "not taken" and "pad_content" in failed["left"]:
+        cause = "pads reach real tokens under left padding"
+    elif state["left"] in bad and positions == "not taken":
         cause = "positions cannot follow left padding"
-    elif state["left"] in ("NaN", "differs") and state["left_positions"] == "pass":
+    elif state["left"] in bad and state["left_positions"] == "pass":
         cause = "positions count the pads (pass position_ids)"
-    else:
+    elif any(every[name] == "-" for name in CONDITIONS):
+        cause = "unclassified"  # a condition did not run: never a pass
+    elif all(every[name] == "pass" for name in FP32_CONDITIONS) and half_bad:
+        within = all(_within_dtype(record, name) for name in half_bad)
+        cause = "half precision: within its rounding" if within else "half precision: fails"
+    elif all(every[name] == "pass" for name in CONDITIONS):
         cause = "none"
+    else:
+        cause = "unclassified"
     kind = next((r["kind"] for r in record["rows"] if r.get("kind")), "")
+    listed = "; ".join(f"{name}: {', '.join(sorted(failed[name]))}" for name in CONDITIONS if failed[name])
     return {"entry": record["entry"], "model_type": record["model_type"], "mapping": record["mapping"],
             "class": record["class"], "kind": kind, "position_ids": positions,
             **{name: state[name] for name in CONDITIONS}, "empty_row": empty["right"],
-            "empty_row_fp16": empty["fp16"], "cause": cause, "reason": ""}
+            "empty_row_fp16": empty["fp16"], "half": "pass" if not half_bad else ", ".join(half_bad),
+            "failed": listed, "cause": cause, "reason": ""}
+
+
+def _within_dtype(record: dict, condition: str) -> bool:
+    """Whether every failing row of ``condition`` is finite and within the default tolerance of the condition's
+    dtype (:func:`attnbook.audit.checks.default_tolerance`, relative to the largest output): a failure that only the
+    tolerance of another output dtype sees (a model cast to fp16 that returns fp32 logits is judged at fp32's)."""
+    from .checks import default_tolerance
+
+    rows = _rows(record, condition)
+    failed = rows[~rows["passed"].astype(bool)]
+    if not len(failed) or (failed["check"] == "forward").any():
+        return False
+    diffs = pd.to_numeric(failed["max_rel_diff"], errors="coerce")
+    return bool(diffs.notna().all() and (diffs <= default_tolerance(CONDITIONS[condition][2])).all())
 
 
 def _failed_checks(record: dict, condition: str) -> list[str]:
@@ -424,6 +501,115 @@ def _failed_checks(record: dict, condition: str) -> list[str]:
 def summary(records: list[dict]) -> pd.DataFrame:
     """One row per entry (:func:`classify`)."""
     return pd.DataFrame([classify(r) for r in records])
+
+
+def cause_counts(table: pd.DataFrame) -> pd.DataFrame:
+    """The audited entries by cause, each cause once, in :data:`CAUSES` order: ``cause`` (the chapter's words),
+    ``side``, ``entries`` and ``model types``; then one row, ``"of these, failed in fp16 or bf16"``, that counts the
+    entries whose half-precision conditions failed, whatever their cause (so the rows above it add up to the audited
+    entries, and this one overlaps them).
+
+    Raises:
+        ValueError: a cause that :data:`CAUSES` does not know (``"unclassified"`` included), so that no entry is
+            dropped or counted as a pass unseen.
+    """
+    audited = table[table["cause"] != "not built"]
+    unknown = sorted(set(audited["cause"]) - set(CAUSES))
+    if unknown:
+        raise ValueError(f"entries with causes that CAUSES does not know: {unknown}")
+    rows = []
+    for cause, (words, side) in CAUSES.items():
+        sel = audited[audited["cause"] == cause]
+        if len(sel):
+            rows.append({"cause": words, "side": side, "entries": len(sel),
+                         "model types": sel["model_type"].nunique()})
+    half = audited[audited["half"] != "pass"]
+    rows.append({"cause": "of these, failed in fp16 or bf16 (any cause)", "side": "",
+                 "entries": len(half), "model types": half["model_type"].nunique()})
+    return pd.DataFrame(rows, columns=["cause", "side", "entries", "model types"])
+
+
+#: What a candidate's documentation asks of the caller, or what its design does that mixes positions outside masked
+#: attention, keyed by model type: ``(reading, label, url)`` (``url`` empty where no page was read for it).
+NOTES: dict[str, tuple[str, str, str]] = {
+    "fnet": ("takes no attention mask: documented (use one fixed length, pads included)", "FNet's usage tips",
+             "https://huggingface.co/docs/transformers/model_doc/fnet"),
+    "nystromformer": ("approximate attention by design (landmarks averaged over segments)", "", ""),
+    "yoso": ("approximate attention by design (hashing)", "", ""),
+    "reformer": ("chunked attention by design", "", ""),
+    "convbert": ("a convolution over the sequence by design", "", ""),
+}
+#: A direct difference at or below this (relative to the largest output) does not reproduce a failure.
+DIRECT_TOLERANCE = 1e-5
+
+
+def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """The candidates of the sweep, triaged: one row per entry whose cause starts with ``"candidate upstream bug"``.
+
+    Args:
+        table: :func:`summary` (columns ``entry``, ``model_type``, ``cause``, ``failed``).
+        long: :func:`long_table` (the CSV), for the audit's largest relative difference.
+        direct: entry -> :func:`direct_check` (``right``, ``left``: a float or an error's name;
+            ``attention_mask``, ``position_ids``: whether the forward takes them).
+
+    Returns:
+        ``entry``, ``failing checks`` (fp32 conditions), ``side`` (``right`` or ``left``, the failing condition the
+        direct check repeats), ``audit`` (the largest relative difference there), ``direct`` (the direct check's on
+        that side), ``takes attention_mask``, ``takes position_ids``, ``reading`` (documented, by design, not
+        reproduced directly, or unexplained), ``described in`` (a Markdown link, or ``"no thread found"``) and
+        ``unexplained`` (bool: reproduced directly and neither documented nor by design).
+
+    Raises:
+        KeyError: a candidate without a direct check.
+    """
+    sel = table[table["cause"].astype(str).str.startswith("candidate upstream bug")]
+    rows = []
+    for r in sel.itertuples(index=False):
+        side = "right" if r.cause.endswith("right padding") else "left"
+        condition = "right" if side == "right" else "left_positions"
+        failing = long[(long["entry"] == r.entry) & (long["condition"] == condition)
+                       & ~long["passed"].astype(bool)]
+        audit_diff = failing["max_rel_diff"].max()
+        check = direct[r.entry]
+        value = check[side]
+        reproduced = not isinstance(value, str) and value > DIRECT_TOLERANCE
+        reading, label, url = NOTES.get(r.model_type, ("", "", ""))
+        if not reading:
+            reading = ("unexplained: a candidate upstream bug" if reproduced else
+                       f"not reproduced directly ({'the direct call raised' if isinstance(value, str) else 'passes'})")
+        fp32 = "; ".join(part for part in str(r.failed).split("; ") if part.split(":")[0] in FP32_CONDITIONS)
+        rows.append({"entry": r.entry, "failing checks": fp32, "side": side,
+                     "audit": "NaN" if pd.isna(audit_diff) else f"{audit_diff:.1e}",
+                     "direct": value if isinstance(value, str) else f"{value:.1e}",
+                     "takes attention_mask": "yes" if check.get("attention_mask") else "no",
+                     "takes position_ids": "yes" if check.get("position_ids") else "no",
+                     "reading": reading,
+                     "described in": f"[{label}]({url})" if url else "no thread found",
+                     "unexplained": bool(reproduced and r.model_type not in NOTES)})
+    columns = ["entry", "failing checks", "side", "audit", "direct", "takes attention_mask", "takes position_ids",
+               "reading", "described in", "unexplained"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def records_from_table(long: pd.DataFrame) -> list[dict]:
+    """The records of :func:`audit_entry` rebuilt from the CSV (:func:`long_table`), in its order, so that a sweep
+    can be classified again without running it (``--reclassify``)."""
+    records = []
+    columns = ["condition", "kind", "position_ids", "dtype", "check", "mode", "passed", "max_abs_diff",
+               "max_rel_diff", "detail"]
+    for entry, group in long.groupby("entry", sort=False):
+        first = group.iloc[0]
+        record = {"entry": entry, "mapping": first["mapping"], "model_type": first["model_type"],
+                  "class": first["class"], "status": first["status"],
+                  "reason": "" if pd.isna(first["reason"]) else str(first["reason"]), "rows": []}
+        if record["status"] == "audited":
+            rows = group[columns].copy()
+            rows["passed"] = rows["passed"].astype(str).str.lower().eq("true")
+            for name in ("kind", "position_ids", "dtype", "check", "mode", "detail", "condition"):
+                rows[name] = rows[name].fillna("").astype(str)
+            record["rows"] = rows.to_dict("records")
+        records.append(record)
+    return records
 
 
 def long_table(records: list[dict]) -> pd.DataFrame:
@@ -442,7 +628,7 @@ def long_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
-def markdown(table: pd.DataFrame, record: dict) -> str:
+def markdown(table: pd.DataFrame, record: dict, triaged: pd.DataFrame | None = None) -> str:
     """The Markdown page of a sweep: versions, counts by root cause, the table, and what could not be built."""
     audited = table[table["cause"] != "not built"]
     lines = [
@@ -465,6 +651,17 @@ def markdown(table: pd.DataFrame, record: dict) -> str:
         "",
         table["cause"].value_counts().rename_axis("cause").reset_index(name="entries").to_markdown(index=False),
         "",
+        "An entry counts as `none` only if every condition ran and every check passed, the empty row included; "
+        "the column `half` lists the half-precision conditions that failed, whatever the cause.",
+        "",
+    ]
+    if triaged is not None and len(triaged):
+        lines += ["## Candidates, triaged", "",
+                  "Each candidate's failing checks in fp32, the audit's largest relative difference beside a direct "
+                  f"check with the model (one sequence of 7 tokens padded to 12; a difference at or below "
+                  f"{DIRECT_TOLERANCE:g} does not reproduce the failure), and a reading.", "",
+                  triaged.to_markdown(index=False), ""]
+    lines += [
         "## Audited entries",
         "",
         audited.drop(columns=["reason"]).to_markdown(index=False),
@@ -489,14 +686,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help="comma-separated model types (default: every entry)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per entry (default: %(default)s)")
     parser.add_argument("--list", action="store_true", help="list the mapping entries and exit")
+    parser.add_argument("--reclassify", action="store_true",
+                        help="classify the sweep in --out again (and check its candidates directly) without "
+                             "running it: rewrites the .md and the .json's summary, causes and triage")
     args = parser.parse_args(argv)
     if args.out.suffix != ".csv":
         parser.error(f"--out must end in .csv, got {str(args.out)!r}")
     return args
 
 
+def reclassify(out: Path) -> pd.DataFrame:
+    """Classify the sweep stored in ``out`` (the CSV, with its .json beside it) again, check its candidates directly
+    (:func:`direct_check`, :func:`triage`), and rewrite the .md and the .json's ``summary``, ``causes`` and
+    ``triage`` (the run's provenance is kept). Returns the summary."""
+    long = pd.read_csv(out)
+    records = records_from_table(long)
+    table = summary(records)
+    record = json.loads(out.with_suffix(".json").read_text())
+    known = {e.key: e for e in entries()}
+    candidates = table[table["cause"].astype(str).str.startswith("candidate upstream bug")]
+    direct = {key: direct_check(known[key]) for key in candidates["entry"]}
+    triaged = triage(table, long, direct)
+    for name in ("summary", "causes", "triage"):
+        record.pop(name, None)
+    record["causes"] = table["cause"].value_counts().to_dict()
+    atomic_write_text(out.with_suffix(".md"), markdown(table, record, triaged))
+    write_provenance(out.with_suffix(".json"), {**record, "summary": table.to_dict("records"),
+                                                "triage": triaged.to_dict("records")})
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reclassify:
+        table = reclassify(args.out)
+        print(table["cause"].value_counts().to_string())
+        return 0
     selected = entries()
     if args.only:
         wanted = {t.strip() for t in args.only.split(",") if t.strip()}
@@ -566,14 +791,15 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-def direct_check(entry: Entry, n: int = 7, length: int = 12, seed: int = 1) -> dict[str, float | str]:
+def direct_check(entry: Entry, n: int = 7, length: int = 12, seed: int = 1) -> dict[str, float | str | bool]:
     """The entry's padding difference computed directly with the model, outside the audit: one sequence of ``n``
     random tokens, alone and padded to ``length`` on each side (with position ids from the mask when the model takes
     them), compared on its real positions.
 
     Returns:
-        ``{"right": r, "left": l}``: the largest ``|padded - alone|`` over the largest ``|alone|`` of the outputs
-        (logits or last hidden state), or the error's type name when the model raised.
+        ``{"right": r, "left": l, "attention_mask": a, "position_ids": p}``: the largest ``|padded - alone|`` over
+        the largest ``|alone|`` of the outputs (logits or last hidden state), or the error's type name when the
+        model raised; whether the model's forward takes ``attention_mask`` and ``position_ids``.
     """
     from .hf import _output, _takes, positions_from_mask
 
@@ -588,7 +814,8 @@ def direct_check(entry: Entry, n: int = 7, length: int = 12, seed: int = 1) -> d
         if getattr(model.config, "is_encoder_decoder", False):
             extra["decoder_input_ids"] = torch.tensor([[pad, 5, 7]])
         takes = _takes(model, "position_ids")
-        result: dict[str, float | str] = {}
+        result: dict[str, float | str | bool] = {"attention_mask": _takes(model, "attention_mask"),
+                                                 "position_ids": takes}
         for side in ("right", "left"):
             where = slice(0, n) if side == "right" else slice(length - n, length)
             padded = torch.full((1, length), pad)
