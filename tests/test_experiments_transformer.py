@@ -441,3 +441,29 @@ def test_mha_empty_row_table_against_sdpa_and_the_bias():
     empty = F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(1, 1, 1, 3, dtype=torch.bool))
     assert (empty == 0).all()                      # the zeros that out_proj turns into its bias (PyTorch >= 2.5)
     assert table.loc["training", "need_weights=False"] == "the output bias"
+
+
+def test_device_sentence_explains_a_machine_that_differs_from_each_run():
+    text = ex.device_sentence(["CPU (1 threads, x86_64)"] * 3, 100, threads=1, workers=2,
+                              machine="CPU (2 threads, x86_64)")
+    assert text.startswith("All 100 runs ran on one kind of device (CPU (1 thread, x86_64))")
+    assert "1 threads" not in text
+    assert "Each run used 1 thread and 2 runs ran at a time" in text
+    assert text.endswith("says CPU (2 threads, x86_64).")
+
+
+def test_device_sentence_edge_values():
+    one = ex.device_sentence(["CPU (1 thread, x86_64)"], 1, threads=1, workers=1, machine="CPU (1 thread, x86_64)")
+    assert one == ("The one run ran on one kind of device (CPU (1 thread, x86_64)), so every pair is a pair "
+                   "on the same device.")
+    unrecorded = ex.device_sentence(["CPU (1 thread, x86_64)"], 5, machine="CPU (2 threads, x86_64)")
+    assert "Each run" not in unrecorded
+    two = ex.device_sentence(["NVIDIA H100 80GB HBM3", "CPU (1 threads, x86_64)"], 10)
+    assert two.startswith("The runs ran on 2 kinds of device (CPU (1 thread, x86_64) and NVIDIA H100 80GB HBM3)")
+
+
+@pytest.mark.parametrize("devices, n_runs, message", [([], 3, "devices is empty"),
+                                                      (["CPU (1 thread, x86_64)"], 0, "n_runs must be at least 1")])
+def test_device_sentence_errors(devices, n_runs, message):
+    with pytest.raises(ValueError, match=message):
+        ex.device_sentence(devices, n_runs)

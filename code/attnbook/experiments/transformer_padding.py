@@ -58,7 +58,7 @@ from torch import Tensor
 
 from ..batching import RandomBatchSampler
 from ..models import padding_mask
-from ..runtime import ModeConfig, describe_device, get_device, listing, plural, seed_everything
+from ..runtime import ModeConfig, describe_device, device_label, get_device, listing, plural, seed_everything
 from ..store import Layout, ResultsStore, collect_runs, grid_parser, run_grid_cli, run_grid_in_session
 from ..transformer import TransformerClassifier, pad_attention_mass
 from . import masking as _masking
@@ -272,6 +272,39 @@ def condition_label(condition) -> str:
         where = "from the mask" if condition["positions"] == "first_token" else "array index"
         return f"mask, left padding, positions: {where}"
     return "mask, right padding" + (", first-token readout" if condition["readout"] == "first" else "")
+
+
+def device_sentence(devices, n_runs: int, *, threads: int | None = None, workers: int | None = None,
+                    machine: str | None = None) -> str:
+    """The evidence page's sentence on where the full-scale padding runs ran (evidence for chapter 8).
+
+    Args:
+        devices: the distinct entries of the runs' ``device`` column, e.g. ``["CPU (1 threads, x86_64)"]``
+            (written through :func:`attnbook.runtime.device_label`, so "1 threads" reads "1 thread").
+        n_runs: how many runs (rows) there are.
+        threads: torch threads per run (the record's ``config.threads``), or None if not recorded.
+        workers: runs at a time (the record's ``workers``), or None if not recorded.
+        machine: the record's own ``device`` entry, which describes the whole machine; where it differs from
+            the one per-run device, the sentence says why.
+
+    Raises:
+        ValueError: ``devices`` is empty, or ``n_runs`` is below 1.
+    """
+    devices = sorted({device_label(d) for d in devices})
+    if not devices:
+        raise ValueError("devices is empty: no run names its device")
+    if n_runs < 1:
+        raise ValueError(f"n_runs must be at least 1, got {n_runs}")
+    if len(devices) > 1:
+        return (f"The runs ran on {len(devices)} kinds of device ({listing(devices)}); runs pair only with runs "
+                "on the same kind, and each comparison uses the kind with more pairs.")
+    runs = "The one run" if n_runs == 1 else f"All {n_runs} runs"
+    text = f"{runs} ran on one kind of device ({devices[0]}), so every pair is a pair on the same device."
+    if machine is not None and device_label(machine) != devices[0] and threads and workers:
+        text += (f" Each run used {plural(int(threads), 'thread')} and {plural(int(workers), 'run')} ran at a "
+                 f"time, so the table of how the runs were made, which describes the whole machine, says "
+                 f"{device_label(machine)}.")
+    return text
 
 
 def results_table(runs: pd.DataFrame) -> pd.DataFrame:
