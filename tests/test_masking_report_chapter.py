@@ -137,9 +137,19 @@ def test_results_table_names_missing_arms_and_shows_dashes():
     assert row["change in accuracy (points)"] == "–" and row["95% interval"] == "–"
 
 
-def test_plain_verdicts_name_no_test():
-    assert "Holm" not in report.PLAIN_VERDICTS[CORRECTED]
-    assert str(len(ARMS)) in report.PLAIN_VERDICTS[CORRECTED]
+def test_plain_verdicts_name_no_test_and_count_the_corrected_family():
+    assert all("Holm" not in report.plain_verdict(v, 6) for v in report.PLAIN_VERDICTS)
+    assert report.plain_verdict(CORRECTED, 6) == "not resolved among 6 secondary comparisons"
+    assert report.plain_verdict(CORRECTED, 1) == "not resolved once tested"
+    assert report.plain_verdict("higher", 0) == "higher"
+    with pytest.raises(ValueError, match="n_family must be at least 1 for a corrected verdict, got 0"):
+        report.plain_verdict(CORRECTED, 0)
+
+
+def test_family_size_counts_the_rows_holm_ran_over():
+    answer = pd.DataFrame({"p_holm": [np.nan, 0.8, 0.1, np.nan, 0.02]})   # primary, 3 answered, 1 too few
+    assert report.family_size(answer) == 3
+    assert report.family_size(pd.DataFrame({"p_holm": [np.nan]})) == 0
 
 
 @pytest.mark.parametrize("row, expected", [
@@ -180,7 +190,8 @@ def test_bucketing_text_follows_the_verdicts():
     masked_none = arm_row(0.003, -0.0001, 0.0063, "no difference resolved")
     after_none = arm_row(0.0004, -0.0006, 0.0014, "no difference resolved")
     text = report.bucketing_text(gain, masked_none, after_none, 0.42, 0.017)
-    assert "from 42% to 2%" in text and "only the second can act" in text and "little left to remove" in text
+    assert "from 42% to 2%" in text and "only the second can act" in text and "little left" not in text
+    assert "does not replace the mask" in text and "what the mask does" not in text
     masked_up = arm_row(0.004, 0.001, 0.007, "higher")
     after_up = arm_row(0.003, 0.001, 0.005, "higher")
     text = report.bucketing_text(gain, masked_up, after_up, 0.42, 0.017)
@@ -189,6 +200,90 @@ def test_bucketing_text_follows_the_verdicts():
     assert text.startswith("Bucketing does two things.") and "do not separate" not in text
     with pytest.raises(ValueError, match="pad_random must be a share between 0 and 1, got 42"):
         report.bucketing_text(gain, masked_none, after_none, 42, 0.017)
+
+
+def robust_row(pm_b, pm_r, fl_b, fl_r):
+    return pd.Series({"pad_mass_condition": pm_b, "pad_mass_baseline": pm_r, "flip_in_condition": fl_b,
+                      "flip_in_baseline": fl_r})
+
+
+def test_bucketing_robustness_follows_the_flip_rates():
+    row = robust_row(0.0849, 0.0730, 0.0045, 0.00056)        # the full-scale runs' values
+    short = report.bucketing_robustness_text(row)
+    assert "0.45% of its predictions, 8 times as often as" in short and "does not replace the mask" in short
+    long = report.bucketing_robustness_text(row, detail=True)
+    assert "8.5% of its attention, more than the 7.3%" in long and "0.45%" in long and "0.06%" in long
+    assert "less than the" in report.bucketing_robustness_text(robust_row(0.05, 0.07, 0.004, 0.001), detail=True)
+    assert "as much as" in report.bucketing_robustness_text(robust_row(0.07, 0.07, 0.004, 0.001), detail=True)
+    # zero flips with random batches: no ratio; a small excess: no "times"
+    assert "more often than" in report.bucketing_robustness_text(robust_row(0.08, 0.07, 0.004, 0.0))
+    assert "more often than" in report.bucketing_robustness_text(robust_row(0.08, 0.07, 0.0015, 0.001))
+    # bucketing's model no more sensitive: no claim that it failed to learn
+    equal = report.bucketing_robustness_text(robust_row(0.05, 0.07, 0.001, 0.001))
+    assert "did not learn" not in equal and "still does not replace" in equal
+    assert "did not measure" in report.bucketing_robustness_text(robust_row(0.08, 0.07, np.nan, 0.001))
+    assert "did not measure" in report.bucketing_robustness_text(None)
+    assert report.bucketing_robustness_text(row, box=True) == (
+        "A model trained on bucketed batches without a mask changed 8 times as many predictions when padded, so "
+        "bucketing does not replace the mask.")
+    zero_random = robust_row(0.08, 0.07, 0.004, 0.0)
+    assert "changed more predictions when" in report.bucketing_robustness_text(zero_random, box=True)
+    for other in (robust_row(0.05, 0.07, 0.001, 0.001), None):
+        assert "changed" not in report.bucketing_robustness_text(other, box=True)
+    with pytest.raises(ValueError, match="flip_in_condition must be a share between 0 and 1, got 4.5"):
+        report.bucketing_robustness_text(robust_row(0.08, 0.07, 4.5, 0.001))
+
+
+@pytest.mark.parametrize("flip, gain, expected", [
+    (0.00056, 0.0031, "at most a small part of the mask's gain"),
+    (0.002, 0.003, "part of the mask's gain in accuracy, but not all of it"),
+    (0.003, 0.003, "enough to account for the whole"),
+    (0.0, 0.003, "changed none of the unmasked model's predictions, which can account"),
+    (0.001, 0.0, "predictions."),
+    (0.001, -0.002, "predictions."),
+    (np.nan, 0.003, "did not measure"),
+])
+def test_flip_gain_text_at_its_edges(flip, gain, expected):
+    assert expected in report.flip_gain_text(flip, gain)
+
+
+@pytest.mark.parametrize("flip, gain, expected", [
+    (0.00056, 0.0031, "Padding changed 0.06% of the unmasked model's predictions, so the gain probably comes "
+     "mostly from training."),
+    (0.002, 0.003, "Padding changed 0.20% of the unmasked model's predictions, part of the gain."),
+    (0.003, 0.003, "Padding changed 0.30% of the unmasked model's predictions, enough to explain the gain."),
+    (0.001, 0.0, "Padding changed 0.10% of the unmasked model's predictions."),
+])
+def test_flip_gain_text_box_form(flip, gain, expected):
+    assert report.flip_gain_text(flip, gain, box=True) == expected
+
+
+def test_flip_gain_text_refuses_a_rate_above_one():
+    with pytest.raises(ValueError, match="flip must be a share between 0 and 1, got 2"):
+        report.flip_gain_text(2, 0.003)
+
+
+def test_repeat_on_other_device_and_paired_differences():
+    rng = np.random.default_rng(0)
+    rows = []
+    for kind, n in (("CPU (1 threads, x86_64)", 4), ("NVIDIA H100 80GB HBM3", 3)):
+        for masking in ("none", "neg_inf"):
+            for s in range(n):
+                rows.append(dict(pooling="attention", masking=masking, rnn_input="packed", batching="random",
+                                 precision="fp32", seed=s, device=kind,
+                                 test_accuracy=0.87 + (0.003 if masking == "neg_inf" else 0) + 0.001 * s
+                                 + 1e-4 * rng.random()))
+    frame = report.runs_by_kind(pd.DataFrame(rows), tuple(FACTORS), report.condition_id, "test_accuracy")
+    answer = report.answer_table(frame, ARMS[:1], n_resamples=99)
+    central = answer.iloc[0]
+    assert central.device_kind == "cpu" and central.n_pairs == 4
+    repeat = report.repeat_on_other_device(frame, central)
+    assert repeat.device_kind == "gpu" and repeat.n_pairs == 3
+    assert report.repeat_on_other_device(frame[frame.device_kind == "cpu"], central) is None
+    assert report.repeat_on_other_device(frame, None) is None
+    d = report.paired_differences(frame, central)
+    by_hand = frame[frame.device_kind == "cpu"].pivot(index="seed", columns="masking", values="test_accuracy")
+    np.testing.assert_allclose(d.to_numpy(), 100 * (by_hand.neg_inf - by_hand.none).to_numpy())
 
 
 # --- speed ---

@@ -39,7 +39,9 @@ __all__ = ["Arm", "ARMS", "MIN_PAIRS", "CORRECTED", "ALPHA", "answer_table", "fo
            "signed", "rho_sentence", "bucketing_verdict", "share_or_none", "CHAPTER_ROWS", "PLAIN_VERDICTS",
            "results_table", "effect_text", "asker_example", "plot_asker_example", "pad_score_gradients",
            "renormalize_underflow", "speed_changes", "speed_sentence", "ahead_text", "plot_paired", "bucketing_text",
-           "renormalize_nan_gap"]
+           "renormalize_nan_gap",
+           "family_size", "plain_verdict", "bucketing_robustness_text", "flip_gain_text", "repeat_on_other_device",
+           "paired_differences"]
 
 #: The book's one verdict rule lives in :mod:`attnbook.evidence` (``MIN_PAIRS`` paired runs, the 95% interval, Holm's
 #: correction for secondary arms); the names stay importable from here.
@@ -408,9 +410,32 @@ CHAPTER_ROWS = {
     "mask, unpacked": ("−∞ mask, unpacked encoder", "no mask, unpacked encoder"),
 }
 
-#: A verdict of :func:`attnbook.evidence.verdict` in the words of a chapter's table (no test named).
+#: A verdict of :func:`attnbook.evidence.verdict` in the words of a chapter's table (no test named). The entry for
+#: :data:`CORRECTED` is a template: ``{n}`` is the size of the corrected family (:func:`family_size`).
 PLAIN_VERDICTS = {"higher": "higher", "lower": "lower", "no difference resolved": "no difference resolved",
-                  CORRECTED: f"not resolved among the {len(ARMS)} comparisons", "not yet answered": "not yet answered"}
+                  CORRECTED: "not resolved among {n} secondary comparisons", "not yet answered": "not yet answered"}
+
+
+def family_size(answer: pd.DataFrame) -> int:
+    """How many rows of ``answer`` (from :func:`answer_table`) form the family that Holm's correction ran over: the
+    answered secondary arms, those with a finite ``p_holm``. The chapter's table and the evidence page both state
+    this count, so it is read from the table, never from :data:`ARMS` (an arm with too few runs is left out)."""
+    return int(np.isfinite(answer["p_holm"].to_numpy(float)).sum())
+
+
+def plain_verdict(verdict_word: str, n_family: int) -> str:
+    """``verdict_word`` (a :func:`attnbook.evidence.verdict` word) in the words of a chapter's table; a corrected
+    verdict names the size ``n_family`` of its family (:func:`family_size`).
+
+    Raises:
+        ValueError: a corrected verdict with a family of fewer than 1 comparison (none was corrected).
+    """
+    if verdict_word == CORRECTED:
+        if n_family < 1:
+            raise ValueError(f"n_family must be at least 1 for a corrected verdict, got {n_family}")
+        if n_family == 1:
+            return "not resolved once tested"
+    return PLAIN_VERDICTS.get(verdict_word, verdict_word).format(n=n_family)
 
 
 def results_table(answer: pd.DataFrame, rows: dict = CHAPTER_ROWS) -> pd.DataFrame:
@@ -433,7 +458,7 @@ def results_table(answer: pd.DataFrame, rows: dict = CHAPTER_ROWS) -> pd.DataFra
                     "change in accuracy (points)": signed(100 * t.mean_diff) if answered else "–",
                     "95% interval": (f"{signed(100 * t.ci_low)} to {signed(100 * t.ci_high)}" if answered
                                      else "–"),
-                    "runs": int(t.n_pairs), "verdict": PLAIN_VERDICTS.get(t.verdict, t.verdict)})
+                    "runs": int(t.n_pairs), "verdict": plain_verdict(t.verdict, family_size(answer))})
     return pd.DataFrame(out)
 
 
@@ -701,10 +726,7 @@ def plot_paired(runs: pd.DataFrame, table: pd.DataFrame, labels: dict | None = N
 
     fig, ax = plt.subplots(figsize=(8, 0.6 + 0.5 * len(table)))
     for row, t in enumerate(table.itertuples()):
-        on = runs[runs.device_kind == t.device_kind]
-        a = on[on.condition == t.condition].set_index("seed").test_accuracy
-        b = on[on.condition == t.baseline].set_index("seed").test_accuracy
-        d = 100 * (a - b).dropna()
+        d = paired_differences(runs, t)
         ax.scatter(d, row + np.linspace(-0.15, 0.15, len(d)), s=18, color="C0", alpha=0.8)
         if np.isfinite(t.mean_diff):
             low, high = 100 * (t.mean_diff - t.ci_low), 100 * (t.ci_high - t.mean_diff)
@@ -731,8 +753,7 @@ def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float
         if not 0 <= x <= 1:
             raise ValueError(f"{name} must be a share between 0 and 1, got {x}")
     parts = [f"Bucketing does two things. It cuts the pads from {pad_random:.0%} to {pad_bucketed:.0%} of the "
-             "training tokens, which is what the mask does for the pooling; and it puts reviews of similar length "
-             "in one batch."]
+             "training tokens, and it puts reviews of similar length in one batch."]
     masked = getattr(bucketing_masked, "verdict", "not yet answered")
     if masked in ("no difference resolved", CORRECTED):
         parts.append("With the mask and a packed encoder the pads play no part, so only the second can act there: "
@@ -742,11 +763,113 @@ def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float
                      f"{effect_text(bucketing_masked, 'accuracy')}: the make-up of the batches matters by itself.")
     if masked != "not yet answered":
         parts.append("The runs do not separate how much of bucketing's gain comes from each.")
-    after = getattr(mask_bucketed, "verdict", "")
-    if after in ("no difference resolved", CORRECTED):
-        parts.append("What they do show is that once bucketing has removed the pads, the mask has little left to "
-                     "remove.")
+    parts.append(bucketing_robustness_text(bucketing, detail=True))
     return " ".join(parts)
+
+
+def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False) -> str:
+    """Whether a model trained on bucketed batches without a mask learned to ignore the pads, chosen from the
+    ``bucketing`` row of :func:`answer_table` (bucketed against random batches, no mask, paired on one kind of
+    device): its attention mass on pads (``pad_mass_condition`` against ``pad_mass_baseline``) and its flip rate,
+    the share of test predictions that change between no padding and padding to the training maximum
+    (``flip_in_condition`` against ``flip_in_baseline``), all fractions. ``detail``: also give the pad mass and the
+    random-batch model's numbers (chapter 5's results section); without it, one sentence (the conclusions).
+    ``box``: the shortest form, for the answer box. Bucketing never replaces the mask: it removes pads from the
+    batches, not from the model.
+
+    Raises:
+        ValueError: a pad mass or flip rate outside [0, 1].
+    """
+    names = ("pad_mass_condition", "pad_mass_baseline", "flip_in_condition", "flip_in_baseline")
+    values = {k: float(getattr(bucketing, k, np.nan)) if bucketing is not None else np.nan for k in names}
+    for k, x in values.items():
+        if np.isfinite(x) and not 0 <= x <= 1:
+            raise ValueError(f"{k} must be a share between 0 and 1, got {x}")
+    pm_b, pm_r, fl_b, fl_r = (values[k] for k in names)
+    if box:
+        if np.isfinite(fl_b) and np.isfinite(fl_r) and fl_b > fl_r:
+            many = f"{fl_b / fl_r:.0f} times as many" if fl_r > 0 and fl_b / fl_r >= 2 else "more"
+            return (f"A model trained on bucketed batches without a mask changed {many} predictions when "
+                    "padded, so bucketing does not replace the mask.")
+        return "Bucketing does not replace the mask: a model served with other batches meets the pads again."
+    if not (np.isfinite(fl_b) and np.isfinite(fl_r)):
+        return ("The runs did not measure how a model trained on bucketed batches reacts to padding. Bucketing "
+                "removes pads from the batches, not from the model, so it does not replace the mask.")
+    if fl_b > fl_r:
+        times = f", {fl_b / fl_r:.0f} times as often as" if fl_r > 0 and fl_b / fl_r >= 2 else ", more often than"
+        if not detail:
+            return (f"A model trained on bucketed batches without a mask did not learn to ignore the pads: "
+                    f"padding changed {share_or_none(fl_b, 2)} of its predictions{times} the random-batch model's, "
+                    "so bucketing does not replace the mask.")
+        said = ["A model trained on bucketed batches without a mask does not learn to ignore the pads."]
+        if np.isfinite(pm_b) and np.isfinite(pm_r):
+            than = "more than" if pm_b > pm_r else "less than" if pm_b < pm_r else "as much as"
+            said.append(f"It gave the pads {pm_b:.1%} of its attention, {than} the {pm_r:.1%} of the model "
+                        "trained on random batches.")
+        said.append(f"Padding a review to the training maximum changed {share_or_none(fl_b, 2)} of its "
+                    f"predictions, against {share_or_none(fl_r, 2)}. Bucketing keeps the pads out of the training "
+                    "batches, not out of the model, so it does not replace the mask.")
+        return " ".join(said)
+    return (f"Padding a review to the training maximum changed {share_or_none(fl_b, 2)} of the predictions of a "
+            f"model trained on bucketed batches without a mask, against {share_or_none(fl_r, 2)} with random "
+            "batches. Bucketing still does not replace the mask: it removes pads from the batches, and a model "
+            "served with other batches meets them again.")
+
+
+def flip_gain_text(flip: float, gain: float, box: bool = False) -> str:
+    """What the unmasked model's flip rate (``flip``, the share of test predictions that change between no padding
+    and padding to the training maximum, a fraction) says about where the mask's gain in test accuracy (``gain``, a
+    fraction: 0.003 is 0.3 points) comes from, chosen by comparing the two. A prediction that padding changes can
+    move accuracy by one prediction at most, so the pads at test time can explain at most ``flip`` of the gain.
+    ``box``: one short sentence, for the answer box.
+
+    Raises:
+        ValueError: ``flip`` outside [0, 1].
+    """
+    if not np.isfinite(flip):
+        return "The runs did not measure how often padding changed a prediction."
+    if not 0 <= flip <= 1:
+        raise ValueError(f"flip must be a share between 0 and 1, got {flip}")
+    if box:
+        said = f"Padding changed {share_or_none(flip, 2)} of the unmasked model's predictions"
+        if not np.isfinite(gain) or gain <= 0:
+            return said + "."
+        if flip < gain / 2:
+            return said + ", so the gain probably comes mostly from training."
+        return said + (", part of the gain." if flip < gain else ", enough to explain the gain.")
+    said = (f"Padding a review to the training maximum changed {share_or_none(flip, 2)} of the unmasked model's "
+            "predictions")
+    if not np.isfinite(gain) or gain <= 0:
+        return said + "."
+    if flip < gain / 2:
+        return (said + ", which can account for at most a small part of the mask's gain in accuracy. So the gain "
+                "probably comes mostly from training without the pads, not from the pads at test time.")
+    if flip < gain:
+        return said + ", which can account for part of the mask's gain in accuracy, but not all of it."
+    return said + ", enough to account for the whole of the mask's gain in accuracy."
+
+
+def repeat_on_other_device(frame: pd.DataFrame, central):
+    """The central comparison (the first of :data:`ARMS`) run again on the other kind of device than the row ``central``
+    of :func:`answer_table` used: its :func:`answer_table` row, or ``None`` when ``frame`` (runs with a
+    ``device_kind`` column) holds no paired run there."""
+    if central is None or not len(frame):
+        return None
+    other = frame[frame.device_kind != central.device_kind]
+    if not len(other):
+        return None
+    row = answer_table(other, ARMS[:1]).iloc[0]
+    return row if int(row.n_pairs) > 0 else None
+
+
+def paired_differences(runs: pd.DataFrame, row) -> pd.Series:
+    """The paired differences in test accuracy (points, indexed by seed) behind one row of :func:`answer_table`:
+    ``row.condition`` minus ``row.baseline``, same seed, on ``row.device_kind`` (``runs`` as from
+    :func:`runs_by_kind`). One dot per seed of chapter 5's paired figure."""
+    on = runs[runs.device_kind == row.device_kind]
+    a = on[on.condition == row.condition].set_index("seed").test_accuracy
+    b = on[on.condition == row.baseline].set_index("seed").test_accuracy
+    return 100 * (a - b).dropna()
 
 
 def renormalize_nan_gap(dtype: str = "float32", max_gap: int = 400) -> int:
