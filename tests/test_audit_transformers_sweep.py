@@ -230,3 +230,34 @@ def test_triage_counts_as_unexplained_only_what_the_direct_check_reproduces_with
     assert t.loc["masked-lm:fnet", "takes attention_mask"] == "no"
     with pytest.raises(KeyError):
         sweep.triage(table, long, {})
+
+
+def _triaged(unexplained, readings=None):
+    readings = readings or ["unexplained: a candidate upstream bug" if u else "chunked attention by design"
+                            for u in unexplained]
+    return pd.DataFrame({"entry": [f"causal-lm:m{i}" for i in range(len(unexplained))],
+                         "reading": readings, "unexplained": unexplained})
+
+
+def test_the_headline_counts_only_the_unexplained_entries_at_its_edges():
+    table = pd.DataFrame({"cause": ["none"] * 9 + ["not built"]})
+    assert sweep.headline(table, _triaged([])) == ("none of the 9 audited entries differs in a way that neither "
+                                                   "the documentation nor the design explains.")
+    assert sweep.headline(table, _triaged([False, False])).startswith("none of the 9")
+    one = sweep.headline(table, _triaged([True, False]))
+    assert one.startswith("1 of the 9 audited entries differs") and one.endswith(
+        "reproduces it: a candidate upstream bug.")
+    three = sweep.headline(table, _triaged([True, True, True]))
+    assert three.startswith("3 of the 9 audited entries differ ") and three.endswith("each: candidate upstream bugs.")
+    with pytest.raises(ValueError, match="no entry of the sweep was audited"):
+        sweep.headline(pd.DataFrame({"cause": ["not built"]}), _triaged([]))
+
+
+def test_the_triage_sentence_agrees_in_number():
+    assert sweep.triage_sentence(_triaged([])) == ""
+    assert sweep.triage_sentence(_triaged([True])) == "Of the 1 entry the audit flagged, 1 remains unexplained."
+    two = sweep.triage_sentence(_triaged([False, False, True, True]))
+    assert two == ("Of the 4 entries the audit flagged, 2 mix positions outside masked attention by design and 2 "
+                   "remain unexplained.")
+    missed = _triaged([False], ["not reproduced directly (passes)"])
+    assert sweep.triage_sentence(missed).endswith("1 is not reproduced by the direct check.")

@@ -43,7 +43,8 @@ from attnbook.provenance import atomic_write_text, provenance, write_provenance
 
 __all__ = ["CONDITIONS", "SHRINK", "OVERRIDES", "Entry", "entries", "tiny_config", "build", "audit_entry",
            "audit_isolated", "direct_check", "classify", "summary", "cause_counts", "triage", "records_from_table",
-           "reclassify", "main", "LENGTHS", "MODES", "CAUSES", "NOTES", "FP32_CONDITIONS", "HALF_CONDITIONS"]
+           "reclassify", "headline", "triage_sentence", "main", "LENGTHS", "MODES", "CAUSES", "NOTES",
+           "FP32_CONDITIONS", "HALF_CONDITIONS"]
 
 DEFAULT_OUT = Path("results/audit_transformers.csv")
 #: Row lengths of the audited batch (padded to 12; ``extra_padding`` pads to 24).
@@ -426,8 +427,9 @@ def classify(record: dict) -> dict[str, Any]:
     position ids and passes with them); ``"half precision: within its rounding"`` (every fp32 condition passes; fp16
     or bf16 fails, but every failing difference is finite and within the default tolerance of that dtype, so only
     the tolerance of the output's dtype failed it: a model that returns fp32 logits is judged at fp32's);
-    ``"half precision: fails"`` (every fp32 condition passes; fp16 or bf16 fails otherwise); ``"none"``: every condition ran and every check passed, the empty
-    row included. An entry that fits none of them is ``"unclassified"`` (never counted as a pass).
+    ``"half precision: fails"`` (every fp32 condition passes; fp16 or bf16 fails otherwise); ``"none"``: every
+    condition ran and every check passed, the empty row included. An entry that fits none of them is
+    ``"unclassified"`` (never counted as a pass).
 
     ``half`` says whether fp16 and bf16 passed every check (``"pass"``) or lists the ones that did not, whatever the
     cause; ``failed`` lists each condition's failing checks (``"right: pad_content; fp16: forward"``).
@@ -556,7 +558,7 @@ def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, 
         ``entry``, ``failing checks`` (fp32 conditions), ``side`` (``right`` or ``left``, the failing condition the
         direct check repeats), ``audit`` (the largest relative difference there), ``direct`` (the direct check's on
         that side), ``takes attention_mask``, ``takes position_ids``, ``reading`` (documented, by design, not
-        reproduced directly, or unexplained), ``described in`` (a Markdown link, or ``"no thread found"``) and
+        reproduced directly, or unexplained), ``described in`` (a Markdown link, or ``"none cited"``) and
         ``unexplained`` (bool: reproduced directly and neither documented nor by design).
 
     Raises:
@@ -584,11 +586,50 @@ def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, 
                      "takes attention_mask": "yes" if check.get("attention_mask") else "no",
                      "takes position_ids": "yes" if check.get("position_ids") else "no",
                      "reading": reading,
-                     "described in": f"[{label}]({url})" if url else "no thread found",
+                     "described in": f"[{label}]({url})" if url else "none cited",
                      "unexplained": bool(reproduced and r.model_type not in NOTES)})
     columns = ["entry", "failing checks", "side", "audit", "direct", "takes attention_mask", "takes position_ids",
                "reading", "described in", "unexplained"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def headline(table: pd.DataFrame, triaged: pd.DataFrame) -> str:
+    """The sweep's verdict in one clause, from :func:`triage`: how many audited entries differ in a way that
+    neither the model's documentation nor its design explains, and that a direct check with the model reproduces
+    (the triage table names them). Ends with a full stop.
+
+    Raises:
+        ValueError: no entry was audited.
+    """
+    n = int((table["cause"] != "not built").sum())
+    if n == 0:
+        raise ValueError("no entry of the sweep was audited")
+    k = int(triaged["unexplained"].astype(bool).sum()) if len(triaged) else 0
+    if k == 0:
+        return (f"none of the {n} audited entries differs in a way that neither the documentation nor the design "
+                f"explains.")
+    return (f"{k} of the {n} audited entries {'differs' if k == 1 else 'differ'} in a way that neither the "
+            f"documentation nor the design explains, and a direct check reproduces {'it' if k == 1 else 'each'}: "
+            f"{'a candidate upstream bug' if k == 1 else 'candidate upstream bugs'}.")
+
+
+def triage_sentence(triaged: pd.DataFrame) -> str:
+    """How :func:`triage` read the flagged entries, in one sentence (``""`` when none was flagged)."""
+    if triaged.empty:
+        return ""
+    reading = triaged["reading"].astype(str)
+    design = int(reading.str.contains("by design").sum())
+    documented = int(reading.str.contains("documented").sum())
+    missed = int(reading.str.startswith("not reproduced").sum())
+    unexplained = int(triaged["unexplained"].astype(bool).sum())
+    groups = [(design, "mixes", "mix", "positions outside masked attention by design"),
+              (documented, "is", "are", "documented as taking no attention mask"),
+              (missed, "is", "are", "not reproduced by the direct check"),
+              (unexplained, "remains", "remain", "unexplained")]
+    parts = [f"{k} {one if k == 1 else many} {what}" for k, one, many, what in groups if k]
+    body = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    n = len(triaged)
+    return f"Of the {n} {'entry' if n == 1 else 'entries'} the audit flagged, {body}."
 
 
 def records_from_table(long: pd.DataFrame) -> list[dict]:
