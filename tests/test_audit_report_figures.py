@@ -40,43 +40,6 @@ def test_root_cause_sentence_at_its_edges():
         rf.root_cause_table(by_root(("unexplained", "", "x", 1, 1, 1)))
 
 
-def summary(*rows):
-    return pd.DataFrame(rows, columns=["entry", "class", "model_type", "right", "left_positions", "cause"])
-
-
-def test_sweep_sentence_all_none_and_candidates():
-    ok = ("causal-lm:a", "A", "a", "pass", "pass", "none")
-    shifted = ("causal-lm:b", "B", "b", "pass", "differs", "positions cannot follow left padding")
-    bug = ("masked-lm:c", "C", "c", "NaN", "pass", "candidate upstream bug: right padding")
-    skipped = ("causal-lm:d", "D", "d", "-", "-", "not built")
-    assert rf.sweep_sentence(summary(ok, shifted, skipped)) == (
-        "Under right padding all of the 2 audited entries kept padding out of every real output, and under left "
-        "padding with position ids from the mask 1; none differs in a way that the caller's documented "
-        "requirements do not explain.")
-    assert rf.sweep_sentence(summary(bug)).endswith(
-        "right padding none of the 1 audited entries kept padding out of every real output, and under left "
-        "padding with position ids from the mask all; masked-lm:c differs even so, and is a candidate upstream "
-        "bug.")
-    two = summary(bug, ("causal-lm:e", "E", "e", "pass", "differs", "candidate upstream bug: left padding with "
-                                                                     "position_ids"))
-    assert "causal-lm:e and masked-lm:c differ even so, and are candidate upstream bugs" in rf.sweep_sentence(two)
-    three = summary(*two.itertuples(index=False), ("masked-lm:f", "F", "f", "differs", "differs",
-                                                 "candidate upstream bug: right padding"))
-    assert rf.sweep_sentence(three).endswith("; three entries differ even so, and are candidate upstream bugs.")
-    with pytest.raises(ValueError, match="no entry of the sweep was audited"):
-        rf.sweep_sentence(summary(skipped))
-
-
-def test_sweep_counts_groups_by_cause_and_refuses_an_unknown_one():
-    table = rf.sweep_counts(summary(("causal-lm:a", "A", "a", "pass", "pass", "none"),
-                                    ("masked-lm:a", "A2", "a", "pass", "pass", "none"),
-                                    ("causal-lm:d", "D", "d", "-", "-", "not built")))
-    assert table.to_dict("records") == [{"cause": "passed every padding check", "side": "none", "entries": 2,
-                                         "model types": 1}]
-    with pytest.raises(ValueError, match=r"causes without words in SWEEP_CAUSES: \['new'\]"):
-        rf.sweep_counts(summary(("x", "X", "x", "pass", "pass", "new")))
-
-
 def test_point_kind_tells_nan_and_errors_from_differences():
     row = lambda passed, value, detail: pd.Series({"passed": passed, "max_rel_diff": value, "detail": detail})  # noqa
     assert rf.point_kind(row(True, 1e-7, "")) == "pass"
@@ -118,28 +81,3 @@ def test_side_sentence_counts_configurations_per_side_at_its_edges():
         "meets the contract for a row without tokens, a choice rather than a bug.")
     with pytest.raises(ValueError, match="a failure has no known root cause"):
         rf.side_sentence(explained(("a", "unexplained", "")))
-
-
-def test_candidate_notes_name_only_the_candidates_present():
-    frame = lambda *entries: pd.DataFrame({"entry": list(entries)})  # noqa: E731
-    assert rf.candidate_notes(frame()) == ""
-    assert rf.candidate_notes(frame("masked-lm:fnet")) == (
-        "By design, FNet mixes tokens with a Fourier transform instead of attention. For this one, a difference "
-        "may be part of the design rather than a bug.")
-    assert rf.candidate_notes(frame("masked-lm:fnet", "masked-lm:yoso", "causal-lm:cpmant")) == (
-        "By design, FNet mixes tokens with a Fourier transform instead of attention. YOSO approximates "
-        "attention by hashing. For these, a difference may be part of the design rather than a bug. For cpmant "
-        "this page has no such explanation.")
-    assert rf.candidate_notes(frame("causal-lm:a", "masked-lm:b")) == "For a and b this page has no such explanation."
-
-
-def test_sweep_short_at_its_edges():
-    ok = ("causal-lm:a", "A", "a", "pass", "pass", "none")
-    bug = ("masked-lm:c", "C", "c", "NaN", "pass", "candidate upstream bug: right padding")
-    assert rf.sweep_short(summary(ok)) == (
-        "none of the 1 audited entries differs beyond what the caller's documented requirements explain.")
-    assert rf.sweep_short(summary(ok, bug)) == (
-        "one of the 2 audited entries differs beyond what the caller's documented requirements explain: "
-        "a candidate upstream bug.")
-    with pytest.raises(ValueError, match="no entry of the sweep was audited"):
-        rf.sweep_short(summary(("d", "D", "d", "-", "-", "not built")))

@@ -283,12 +283,13 @@ def _write_files(args, results: pd.DataFrame, wall: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    args.argv = argv
-    if args.transformers:
-        from .transformers_sweep import main as sweep  # the sweep of transformers' architectures (issue 47)
+    if "--transformers" in argv:
+        # the sweep of transformers' architectures has options of its own (--reclassify, --timeout, ...)
+        from .transformers_sweep import main as sweep
 
         return sweep([a for a in argv if a != "--transformers"])
+    args = parse_args(argv)
+    args.argv = argv
     if args.list:
         for s in registry.SUBJECTS:
             print(f"{s.key:30s} {s.library:15s} {s.mode:15s} {s.name}")

@@ -1,5 +1,6 @@
 """Figures and tables of chapter 10 ("Padding bugs in the wild"): the padded batch, the audit's differences with
-their NaN and error points, and the summary of the sweep over transformers' architectures.
+their NaN and error points, and the root-cause words of the registry's failures (the sweep over transformers'
+architectures words its own: :mod:`attnbook.audit.transformers_sweep`).
 
 Needs matplotlib (the book's extra), imported when a figure is drawn.
 """
@@ -12,22 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["padded_batch_figure", "differences_figure", "point_kind", "sweep_counts", "sweep_candidates",
-           "sweep_sentence", "root_cause_table", "root_cause_sentence", "count_word", "side_sentence", "sweep_short", "candidate_notes", "DESIGN_NOTES", "SWEEP_CAUSES", "ROOT_WORDS", "SIDE_WORDS"]
-
-#: The sweep's root causes (:func:`attnbook.audit.transformers_sweep.classify`) in reading order, with the words the
-#: chapter uses for each and whose side it is on: the caller's documented requirement or the library's behaviour.
-SWEEP_CAUSES = {
-    "none": ("passed every padding check", "none"),
-    "positions count the pads (pass position_ids)":
-        ("absolute positions count the pads unless position_ids are passed", "caller"),
-    "reads the pad ids": ("positions computed from the pad id, so other ids in the pads move them", "caller"),
-    "positions cannot follow left padding":
-        ("absolute positions, and no position_ids argument: pad on the right", "caller"),
-    "candidate upstream bug: left padding with position_ids":
-        ("differs under left padding even with position_ids from the mask", "library"),
-    "candidate upstream bug: right padding": ("differs or gives NaN under right padding", "library"),
-}
+__all__ = ["padded_batch_figure", "differences_figure", "point_kind", "root_cause_table", "root_cause_sentence",
+           "count_word", "side_sentence", "ROOT_WORDS", "SIDE_WORDS"]
 
 
 def _positions(n: int, length: int, side: str, from_mask: bool) -> list[int | None]:
@@ -158,37 +145,6 @@ def differences_figure(results: pd.DataFrame, checks: Sequence[str], rtol: float
     return fig
 
 
-def sweep_counts(summary: pd.DataFrame) -> pd.DataFrame:
-    """The sweep's audited entries by root cause, each cause once: ``cause`` (the chapter's words), ``side``
-    (``"caller"``, ``"library"`` or ``"none"``), ``entries`` (mapping entries) and ``model types``.
-
-    Args:
-        summary: the sweep's summary (one row per mapping entry, with ``cause`` and ``model_type``), as stored in
-            ``results/audit_transformers.json`` under ``"summary"``.
-
-    Raises:
-        ValueError: a cause that :data:`SWEEP_CAUSES` does not know (so that a new cause is never dropped).
-    """
-    audited = summary[summary["cause"] != "not built"]
-    unknown = sorted(set(audited["cause"]) - set(SWEEP_CAUSES))
-    if unknown:
-        raise ValueError(f"causes without words in SWEEP_CAUSES: {unknown}")
-    rows = []
-    for cause, (words, side) in SWEEP_CAUSES.items():
-        sel = audited[audited["cause"] == cause]
-        if len(sel):
-            rows.append({"cause": words, "side": side, "entries": len(sel),
-                         "model types": sel["model_type"].nunique()})
-    return pd.DataFrame(rows, columns=["cause", "side", "entries", "model types"])
-
-
-def sweep_candidates(summary: pd.DataFrame) -> pd.DataFrame:
-    """The audited entries whose cause is a candidate upstream bug (left padding still differs with position_ids
-    from the mask, or right padding differs or gives NaN): ``entry, class, right, left_positions, cause``."""
-    sel = summary[summary["cause"].astype(str).str.startswith("candidate upstream bug")]
-    return sel[["entry", "class", "right", "left_positions", "cause"]].reset_index(drop=True)
-
-
 # --- the chapter's sentences, worded by code ------------------------------------------------------------------------
 
 #: Short words for the registry's root causes (:data:`attnbook.audit.subjects.ROOT_CAUSES`); a cause without an
@@ -203,10 +159,6 @@ ROOT_WORDS = {
 #: Whose side each category of root cause is on, as the chapter words it.
 SIDE_WORDS = {"caller": "the caller's documented requirement", "contract": "a contract choice",
               "library": "library behaviour"}
-
-
-def _configurations(n: int) -> str:
-    return f"{n} configuration" + ("" if n == 1 else "s")
 
 
 def root_cause_table(by_root: pd.DataFrame) -> pd.DataFrame:
@@ -260,41 +212,6 @@ def root_cause_sentence(table: pd.DataFrame) -> str:
     return f"Their failures have {count_word(n)} root causes, each counted once: {body}."
 
 
-def _names(items: Sequence[str]) -> str:
-    items = list(items)
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def sweep_sentence(summary: pd.DataFrame) -> str:
-    """One sentence on the sweep: how many audited entries pass right padding and left padding with position ids
-    from the mask, and which entries are candidate upstream bugs (or that none is).
-
-    Raises:
-        ValueError: no entry was audited.
-    """
-    audited = summary[summary["cause"] != "not built"]
-    if audited.empty:
-        raise ValueError("no entry of the sweep was audited")
-    n = len(audited)
-    right = int((audited["right"] == "pass").sum())
-    left = int((audited["left_positions"] == "pass").sum())
-
-    def share(k: int) -> str:
-        return "all" if k == n else ("none" if k == 0 else str(k))
-
-    candidates = sweep_candidates(summary)
-    k = len(candidates)
-    if k == 0:
-        tail = "none differs in a way that the caller's documented requirements do not explain"
-    elif k <= 2:  # few enough to name in the sentence
-        tail = (f"{_names(sorted(set(candidates['entry'])))} {'differs' if k == 1 else 'differ'} even so, and "
-                f"{'is a candidate upstream bug' if k == 1 else 'are candidate upstream bugs'}")
-    else:
-        tail = f"{count_word(k)} entries differ even so, and are candidate upstream bugs"
-    return (f"Under right padding {share(right)} of the {n} audited entries kept padding out of every real output, "
-            f"and under left padding with position ids from the mask {share(left)}; {tail}.")
-
-
 def side_sentence(explained: pd.DataFrame) -> str:
     """The answer's count by side: how many configurations show a library's own behaviour (from how many root
     causes), leave out the caller's documented requirement, or meet the contract for a row without tokens.
@@ -328,55 +245,3 @@ def side_sentence(explained: pd.DataFrame) -> str:
     third = (f"{who(contract)} {'meet' if contract > 1 else 'meets'} the contract for a row without tokens, a "
              f"choice rather than a bug")
     return f"{first}; {second}, and {third}."
-
-
-#: What some architectures do by design that mixes positions outside masked attention (from their papers), keyed by
-#: model type; :func:`candidate_notes` names only those among the candidates.
-DESIGN_NOTES = {
-    "fnet": "FNet mixes tokens with a Fourier transform instead of attention",
-    "nystromformer": "Nyströmformer approximates attention with landmarks averaged over segments",
-    "yoso": "YOSO approximates attention by hashing",
-    "reformer": "Reformer attends within chunks",
-    "convbert": "ConvBERT adds a convolution over the sequence",
-    "mobilebert": "MobileBERT embeds each token together with its neighbours",
-}
-
-
-def candidate_notes(candidates: pd.DataFrame) -> str:
-    """One or two sentences on the sweep's candidates: which of them mix positions outside attention by design
-    (:data:`DESIGN_NOTES`), and which have no such explanation here. ``""`` when there are no candidates.
-
-    Args:
-        candidates: :func:`sweep_candidates` (column ``entry``, ``"mapping:model_type"``).
-    """
-    if candidates.empty:
-        return ""
-    types = list(dict.fromkeys(str(e).split(":", 1)[1] for e in candidates["entry"]))
-    noted = [DESIGN_NOTES[t] for t in types if t in DESIGN_NOTES]
-    others = [t for t in types if t not in DESIGN_NOTES]
-    parts = []
-    if noted:
-        parts.append("By design, " + ". ".join(noted) + ".")
-        parts.append(f"For {'this one' if len(noted) == 1 else 'these'}, a difference may be part of the design "
-                     f"rather than a bug.")
-    if others:
-        parts.append(f"For {_names(others)} this page has no such explanation.")
-    return " ".join(parts)
-
-
-def sweep_short(summary: pd.DataFrame) -> str:
-    """The sweep in one short clause for the answer: how many audited entries differ in a way that the caller's
-    documented requirements do not explain (the candidate upstream bugs).
-
-    Raises:
-        ValueError: no entry was audited.
-    """
-    audited = summary[summary["cause"] != "not built"]
-    if audited.empty:
-        raise ValueError("no entry of the sweep was audited")
-    k, n = len(sweep_candidates(summary)), len(audited)
-    if k == 0:
-        return f"none of the {n} audited entries differs beyond what the caller's documented requirements explain."
-    what = "a candidate upstream bug" if k == 1 else "candidate upstream bugs"
-    return (f"{count_word(k)} of the {n} audited entries {'differs' if k == 1 else 'differ'} beyond what the "
-            f"caller's documented requirements explain: {what}.")
