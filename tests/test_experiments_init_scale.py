@@ -471,3 +471,35 @@ def test_saturation_profile_at_its_extremes(data):
     assert 0 <= profile["flat"] <= profile["saturated"] <= 1
     with pytest.raises(ValueError, match="saturation must be in"):
         ins.saturation_profile(keep["model"], data["X_train"], saturation=1.0)
+
+
+@pytest.mark.parametrize("mechanism,words", [
+    ("both", "larger steps recover part of the loss"), ("step size", "the steps were too small"),
+    ("saturation", "saturation is what stops it"), ("neither", "do not yet tell saturation")])
+def test_step_size_sentence_words_by_mechanism(mechanism, words):
+    changes = {} if mechanism in ("both", "step size") else {"step_mean": 0.01, "step_low": -0.02}
+    text = ins.step_size_sentence(_verdict(mechanism=mechanism, **changes))
+    assert words in text and text.count("95% interval") == 1
+    assert not re.search(r"seed|CI|Holm|p =", text)
+    assert all(len(s.split()) <= 40 for s in re.split(r"(?<=\.)\s+", text))
+
+
+def test_step_size_sentence_at_its_edges():
+    assert "by +0.226 (95% interval +0.195 to +0.258)" in ins.step_size_sentence(_verdict())
+    one = ins.step_size_sentence(_verdict(n_seeds=1, mechanism="neither", step_low=float("nan"),
+                                          step_high=float("nan")))
+    assert "(a single run: no interval)" in one
+    equal = ins.step_size_sentence(_verdict(mechanism="saturation", step_mean=0.0, step_low=0.0, step_high=0.0))
+    assert "by 0.000 (both 95% bounds round to 0.000)" in equal
+    negative = ins.step_size_sentence(_verdict(mechanism="saturation", step_mean=-0.02, step_low=-0.05,
+                                               step_high=0.01))
+    assert "by -0.020 (95% interval -0.050 to +0.010)" in negative
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"mechanism": "maybe"}, "mechanism must be one of"),
+    ({"mechanism": "both", "step_low": -0.01}, "needs a step interval above zero"),
+    ({"mechanism": "step size", "step_low": float("nan")}, "needs a step interval above zero")])
+def test_step_size_sentence_errors(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ins.step_size_sentence(_verdict(**changes))

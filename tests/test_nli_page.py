@@ -64,12 +64,12 @@ def test_pad_sums_agree_with_the_model_and_a_direct_sum(tiny):
 
 
 def _table(pred_ref="neutral", pred_far="entailment", premise="entailment", hypothesis="neutral", mass=0.0,
-           v1_ref=2.0, v1_far=9.0):
+           v1_ref=2.0, v1_far=9.0, pads_ref=5, pads_far=35):
     rows = []
     for side, far_pred in (("both", pred_far), ("premise", premise), ("hypothesis", hypothesis)):
-        for length, pred, v1 in ((10, pred_ref, v1_ref), (40, far_pred, v1_far)):
+        for length, pred, v1, pads in ((10, pred_ref, v1_ref, pads_ref), (40, far_pred, v1_far, pads_far)):
             rows.append({"side": side, "pad_to": length, "predicted": pred, "v1_pads": v1, "v1_real": 5.0,
-                         "hyp_pad_mass": mass, "hyp_pad_token": "is"})
+                         "hyp_pad_mass": mass, "hyp_pad_token": "is", "premise_pads": pads})
     return pd.DataFrame(rows)
 
 
@@ -94,6 +94,20 @@ def test_pad_sum_sentences_at_edge_values():
     assert "stays at 2.0," in exp.pad_sum_sentences(_table(v1_ref=2.0, v1_far=2.01), reference=10, far=40)["sum"]
     with pytest.raises(ValueError, match="at pad_to=20"):
         exp.pad_sum_sentences(_table(), reference=20, far=40)
+
+
+def test_pad_sum_sentence_follows_the_vector_per_pad():
+    """The norm per pad is the pads' part divided by the number of pads (2.0 / 5 = 0.40, 9.0 / 35 = 0.26): it
+    shrinks while the part grows (the chapter's case), grows with it, or there is no pad to follow."""
+    text = exp.pad_sum_sentences(_table(), reference=10, far=40)["sum"]
+    assert "that vector shrinks (its norm from 0.40 to 0.26), but the pads' part" in text
+    assert "grows from 2.0 at 10 tokens to 9.0 at 40, against 5.0" in text
+    text = exp.pad_sum_sentences(_table(pads_ref=5, pads_far=6), reference=10, far=40)["sum"]
+    assert "that vector grows (its norm from 0.40 to 1.50), and the pads' part" in text
+    text = exp.pad_sum_sentences(_table(v1_ref=2.0, v1_far=14.0, pads_far=35), reference=10, far=40)["sum"]
+    assert "stays about the same (its norm from 0.40 to 0.40), and" in text
+    text = exp.pad_sum_sentences(_table(v1_ref=0.0, pads_ref=0), reference=10, far=40)["sum"]
+    assert text.startswith("The pads' part of the premise's sum grows from 0.0") and "vector" not in text
 
 
 def test_row_focus_at_edge_values():
@@ -160,3 +174,40 @@ def test_pad_sum_figure_draws_both_panels_and_refuses_bad_tables():
         pad_sum_figure(table[table.side != "both"], LABELS, reference=10)
     with pytest.raises(ValueError, match="missing \\['neutral'\\]"):
         pad_sum_figure(table.drop(columns="neutral"), LABELS, reference=10)
+
+
+LABELS3 = ("entailment", "neutral", "contradiction")
+
+
+def test_error_sentence_names_the_largest_off_diagonal_cell():
+    # the chapter's case: 90 entailment pairs taken for neutral, 58 neutral pairs taken for entailment
+    confusion = np.array([[407, 90, 0], [58, 443, 3], [2, 3, 494]])
+    text = exp.error_sentence(confusion, LABELS3)
+    assert text.startswith("The most frequent error is entailment taken for neutral (90 pairs, 0.181 of the "
+                           "entailment pairs)")
+    assert "the reverse, neutral taken for entailment, happens to 58 pairs, 0.115 of the neutral pairs." in text
+
+
+def test_error_sentence_at_edge_values():
+    assert exp.error_sentence(np.diag([5, 5, 5]), LABELS3) == "The model makes no error on the test pairs."
+    assert "never happens" in exp.error_sentence(np.array([[5, 2, 0], [0, 5, 0], [0, 0, 5]]), LABELS3)
+    tied = exp.error_sentence(np.array([[5, 2, 0], [2, 5, 0], [0, 0, 5]]), LABELS3)
+    assert tied == ("The most frequent errors are tied at 2 pairs each: entailment taken for neutral; neutral "
+                    "taken for entailment.")
+    for bad, message in ((np.zeros((2, 3)), "square"), (np.zeros((2, 2)), "one row per label"),
+                         (-np.eye(3), "non-negative whole"), (np.eye(3) * 0.5, "non-negative whole")):
+        with pytest.raises(ValueError, match=message):
+            exp.error_sentence(bad, LABELS3)
+
+
+def test_hypernym_alignment_words():
+    # 0.208 against 0.203 over 500 tokens: within two standard errors (0.036)
+    assert exp.hypernym_alignment_words(0.208, 0.203, 500, 0.489).startswith("at chance (0.208 of the time")
+    assert exp.hypernym_alignment_words(0.35, 0.203, 500, 0.489).startswith("only 0.350")
+    assert exp.hypernym_alignment_words(0.60, 0.203, 500, 0.489).startswith("0.600 of the time")
+    assert exp.hypernym_alignment_words(0.05, 0.203, 500, 0.489).startswith("below chance")
+    assert exp.hypernym_alignment_words(0.0, 0.0, 1, 0.0).startswith("at chance")   # zero everywhere
+    for args, message in (((1.2, 0.2, 5, 0.5), "accuracy must be"), ((0.2, -0.1, 5, 0.5), "chance must be"),
+                          ((0.2, 0.2, 0, 0.5), "tokens must be")):
+        with pytest.raises(ValueError, match=message):
+            exp.hypernym_alignment_words(*args)

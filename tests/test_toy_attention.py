@@ -127,3 +127,38 @@ def test_report_table_names_every_entry_in_words():
     assert table.columns.tolist() == ["small demonstration"]
     assert table.index.tolist() == list(toy.REPORT_LABELS.values())
     assert table.iloc[0, 0] == 1.0
+
+
+def test_value_table_is_the_prediction_of_a_one_token_sequence():
+    """With one key, the softmax gives it weight 1, so the model's logits are the read-out of that key's value."""
+    model = toy.make_model(SMALL)
+    table = toy.value_table(model)
+    assert table.shape == (SMALL.n_digits, SMALL.n_digits) and table.dtype == np.float64
+    with torch.no_grad():
+        for digit in range(SMALL.n_digits):
+            logits = model(torch.tensor([[digit]]))[0, 0].double().numpy()
+            np.testing.assert_allclose(table[digit], logits, rtol=1e-6, atol=1e-6)
+
+
+def test_the_trained_values_carry_their_digit():
+    cfg = toy.RunningMaxConfig()
+    model, _ = toy.train_running_max(cfg)
+    assert (toy.value_table(model).argmax(1) == np.arange(cfg.n_digits)).all()
+
+
+@pytest.mark.parametrize("q_var, k_var, std, start", [
+    (0.37, 0.33, 0.44, "below 1"), (2.0, 3.0, 2.5, "above 1"), (0.5, 2.0, 1.0, "not both 1"),
+    (1.0, 1.0, 1.0, "not both 1"), (0.999, 0.999, 0.999, "below 1"),
+])
+def test_start_spread_words(q_var, k_var, std, start):
+    assert toy.start_spread_words(q_var, k_var, std).startswith(start)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0.0, 0.5, 0.3), "q_var must be positive"), ((0.5, -1.0, 0.3), "k_var must be positive"),
+    ((0.5, 0.5, math.nan), "score_std must be positive"), ((0.5, math.inf, 0.3), "k_var must be positive"),
+    ((0.5, 0.5, 1.0), "would contradict"), ((2.0, 2.0, 1.0), "would contradict"),
+])
+def test_start_spread_words_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        toy.start_spread_words(*args)

@@ -40,7 +40,7 @@ from .masking import masked_softmax
 
 __all__ = ["RunningMaxConfig", "running_max_batch", "running_max", "TinySelfAttention", "make_model",
            "train_running_max", "share_on_running_max", "evaluate", "REPORT_LABELS", "report_table", "score_table",
-           "key_ranking", "share_words"]
+           "value_table", "key_ranking", "share_words", "start_spread_words"]
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,18 @@ def score_table(model: TinySelfAttention) -> np.ndarray:
     return model.scores(digits[None])[0].double().numpy()
 
 
+@torch.no_grad()
+def value_table(model: TinySelfAttention) -> np.ndarray:
+    """What the read-out makes of each digit's value alone: ``out(v(b))``, the logits of every predicted digit
+    (columns) for the value of digit ``b`` (rows), float64 ``(n_digits, n_digits)``.
+
+    When a query puts all its weight on positions holding digit ``b``, the head's output is ``v(b)`` and the
+    prediction is this row, so a head that passes the winning digit on through its values has its largest entry
+    of each row on the diagonal. Chapter 3, section "A trained head: the largest digit so far"."""
+    values = model.W_V(model.embed(torch.arange(model.embed.num_embeddings)))
+    return model.out(values).double().numpy()
+
+
 def share_words(share: float) -> str:
     """A share in words for prose: "all", "nearly all" (>= 0.95), "most" (> 0.5), "about half" (0.45 to 0.5),
     "less than half", or "none".
@@ -217,6 +229,35 @@ def share_words(share: float) -> str:
     if share >= 0.45:
         return "about half"
     return "none" if share == 0 else "less than half"
+
+
+def start_spread_words(q_var: float, k_var: float, score_std: float) -> str:
+    """Why the scaled scores of an untrained head need not have unit variance, in words for chapter 3's prose.
+
+    ``q_var`` and ``k_var`` are the variances of the query and key components at initialization, ``score_std`` the
+    standard deviation of the scaled scores ``q.k / sqrt(d_k)``. Unit variance needs components of variance 1
+    (chapter 3, eq-var-dot and exercise ex-var-sigma). Returns ``"below 1, so the scaled scores start with a
+    smaller spread"`` when both variances are below 1, ``"above 1, so ... a larger spread"`` when both are above 1,
+    and ``"not both 1, so the scaled scores need not start with unit variance"`` otherwise.
+
+    Raises:
+        ValueError: a variance or ``score_std`` is not positive and finite, or the words would contradict
+            ``score_std`` (a smaller spread with ``score_std >= 1``, a larger one with ``score_std <= 1``).
+    """
+    for name, value in (("q_var", q_var), ("k_var", k_var), ("score_std", score_std)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be positive and finite, got {value}")
+    if q_var < 1 and k_var < 1:
+        if score_std >= 1:
+            raise ValueError(f"components of variance below 1 ({q_var:.3g}, {k_var:.3g}) but scores of standard "
+                             f"deviation {score_std:.3g}: the words would contradict the data")
+        return "below 1, so the scaled scores start with a smaller spread"
+    if q_var > 1 and k_var > 1:
+        if score_std <= 1:
+            raise ValueError(f"components of variance above 1 ({q_var:.3g}, {k_var:.3g}) but scores of standard "
+                             f"deviation {score_std:.3g}: the words would contradict the data")
+        return "above 1, so the scaled scores start with a larger spread"
+    return "not both 1, so the scaled scores need not start with unit variance"
 
 
 def key_ranking(table: np.ndarray) -> dict[str, float]:

@@ -69,7 +69,7 @@ from ..store import (Layout, ResultsStore, collect_runs, config_differences, gri
 __all__ = ["InitScaleConfig", "OPTIMIZERS", "MECHANISMS", "arms", "arm_id", "learning_rate", "load_data",
            "make_classifier", "train_run", "INIT_LABELS", "init_question_table", "MECHANISM_ARMS", "arm_means",
            "plot_init_scale", "per_step_means", "plot_mechanisms", "comparison_sentence", "saturation_profile",
-           "run_arms", "paired_interval", "mechanism_verdict", "effect_text", "verdict_sentences", "SUMMARY_COLUMNS",
+           "run_arms", "paired_interval", "mechanism_verdict", "effect_text", "verdict_sentences", "step_size_sentence", "SUMMARY_COLUMNS",
            "STEP_COLUMNS", "STEP_EVERY", "LAYOUT", "store_config", "open_store", "run_grid", "StoredRuns",
            "read_runs", "main"]
 
@@ -457,6 +457,39 @@ def verdict_sentences(v: dict) -> dict[str, str]:
         "neither": f"{'one seed does' if n == 1 else f'{n} seeds do'} not separate the two mechanisms",
     }[v["mechanism"]]
     return {"verdict": f"{step} {gap} {meaning}", "verdict_short": short}
+
+
+def step_size_sentence(v: dict) -> str:
+    """Chapter 3's sentence on the step size (section "Why initial weights of size 200 leave a classifier at
+    chance"), for a :func:`mechanism_verdict` ``v``: what scaling Adam's learning rate to the weights did at standard
+    deviation 200, with one effect and its 95% interval, in words chosen by ``v["mechanism"]`` (the book's one rule,
+    :func:`attnbook.evidence.verdict`). No test names and no run tallies: those stay on the evidence page.
+
+    Raises:
+        ValueError: ``v["mechanism"]`` is not one of :data:`MECHANISMS`, or it says that larger steps helped while
+            the interval of the step effect does not lie above zero (the words would contradict the data).
+    """
+    mechanism = v["mechanism"]
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+    mean, low, high = v["step_mean"], v["step_low"], v["step_high"]
+    if mechanism in ("both", "step size") and not (np.isfinite(low) and low > 0):
+        raise ValueError(f"mechanism {mechanism!r} needs a step interval above zero, got {low} to {high}")
+    if not (np.isfinite(low) and np.isfinite(high)):
+        effect = f"{_signed(mean)} (a single run: no interval)"
+    elif _signed(low) == _signed(high):
+        effect = f"{_signed(mean)} (both 95% bounds round to {_signed(low)})"
+    else:
+        effect = f"{_signed(mean)} (95% interval {_signed(low)} to {_signed(high)})"
+    change = f"Scaling Adam's learning rate to the weights changes the accuracy at 200 by {effect}"
+    return {
+        "both": f"Saturation is not the whole story. {change}: larger steps recover part of the loss, but the "
+                "network still falls short of the run at 0.1.",
+        "step size": f"Saturation is not the story under Adam. {change}, and the runs show no remaining gap to "
+                     "the run at 0.1: the steps were too small for the weights.",
+        "saturation": f"{change}: larger steps do not recover the loss, so saturation is what stops it.",
+        "neither": f"{change}, and the runs do not yet tell saturation from steps too small for the weights.",
+    }[mechanism]
 
 
 # ------------------------------------------------------------------------------------------------- evidence page

@@ -36,7 +36,7 @@ from ..store import Layout, ResultsStore, Session, StoreError, csv_path, device_
 __all__ = ["NLIConfig", "load_data", "make_model", "train", "predict", "evaluate", "padding_sweep",
            "alignment_table", "paired_accuracy_gap", "gap_sentence", "flip_direction", "MODELS", "run_model", "run",
            "missing_data", "main", "LAYOUT", "row_focus", "pad_sums", "pad_sum_sentences", "epoch_swing",
-           "one_run_sentence", "setup_comparison"]
+           "one_run_sentence", "setup_comparison", "error_sentence", "hypernym_alignment_words"]
 
 
 @dataclass
@@ -601,8 +601,9 @@ def pad_sum_sentences(table: pd.DataFrame, *, reference: int, far: int, attentio
 
         - ``attention``: whether the hypothesis' attention on the premise's pads can explain the change: below
           ``attention_floor`` it "is not the route"; otherwise it names the token and its weight on pads;
-        - ``sum``: how the pads' part of the premise sum ``v1`` changes from ``reference`` to ``far`` ("grows",
-          "shrinks", "stays"), with both norms and the real part's norm at ``far``;
+        - ``sum``: how the vector that each premise pad adds changes from ``reference`` to ``far`` (the same for
+          every pad at one length, but not across lengths), and how the pads' part of the premise sum ``v1``
+          changes ("grows", "shrinks", "stays"), with both norms and the real part's norm at ``far``;
         - ``side``: which one-sided padding to ``far`` changes the prediction made at ``reference``: the premise
           only, the hypothesis only, either, or neither alone.
 
@@ -629,8 +630,21 @@ def pad_sum_sentences(table: pd.DataFrame, *, reference: int, far: int, attentio
     lo, hi = ref["v1_pads"], both["v1_pads"]
     verb = "stays at" if f"{lo:.1f}" == f"{hi:.1f}" else ("grows from" if hi > lo else "shrinks from")
     ends = f"{hi:.1f}" if verb == "stays at" else f"{lo:.1f} at {reference} tokens to {hi:.1f} at {far}"
-    total = (f"Each premise pad adds the same comparison vector to the premise's sum, so the pads' part of that "
-             f"sum {verb} {ends}, against {both['v1_real']:.1f} for the real tokens' part.")
+    pads_ref, pads_far = int(ref["premise_pads"]), int(both["premise_pads"])
+    part = (f"the pads' part of the premise's sum {verb} {ends}, against {both['v1_real']:.1f} for the real "
+            f"tokens' part.")
+    if pads_ref > 0 and pads_far > 0:
+        # at one length every premise pad adds the same vector; across lengths that vector changes, because the
+        # pad's aligned hypothesis vector includes the hypothesis pads
+        per_ref, per_far = lo / pads_ref, hi / pads_far
+        per_verb = ("stays about the same" if f"{per_ref:.2f}" == f"{per_far:.2f}"
+                    else "shrinks" if per_far < per_ref else "grows")
+        opposite = (per_verb, verb) in (("shrinks", "grows from"), ("grows", "shrinks from"))
+        total = (f"At a given length every premise pad adds the same comparison vector to the premise's sum. As "
+                 f"the padding grows, that vector {per_verb} (its norm from {per_ref:.2f} to {per_far:.2f}), "
+                 f"{'but' if opposite else 'and'} {part}")
+    else:  # no pad at one of the lengths: no vector per pad to follow
+        total = part[0].upper() + part[1:]
     before = ref["predicted"]
     changed = {side: row(side, far)["predicted"] != before for side in ("premise", "hypothesis")}
     if changed["premise"] and not changed["hypothesis"]:
@@ -684,6 +698,63 @@ def one_run_sentence(swing: float, gap: float, ci_low: float, ci_high: float) ->
     return (f"Each model was trained once. The gap is larger than the {swing:.1f} points by which validation "
             f"accuracy moved from one epoch to the next, but the interval covers only the choice of test pairs, not "
             f"another training run.")
+
+
+def error_sentence(confusion, labels) -> str:
+    """The sentence under Fig. ``fig-nli-confusion`` (chapter 6, section "Training"): the most frequent error,
+    chosen from ``confusion`` (square, rows = gold label, columns = predicted label, counts, in the order of
+    ``labels``), with its count and its share of that gold class, then how often the reverse error happens.
+
+    Ties name every tied error; a matrix without errors says so.
+
+    Raises:
+        ValueError: ``confusion`` is not square, does not match ``labels``, or has negative or non-integer counts.
+    """
+    c = np.asarray(confusion)
+    if c.ndim != 2 or c.shape[0] != c.shape[1] or c.shape[0] != len(labels):
+        raise ValueError(f"confusion must be square with one row per label ({len(labels)}), got shape {c.shape}")
+    if (c < 0).any() or not np.array_equal(c, np.round(c)):
+        raise ValueError("confusion must hold non-negative whole counts")
+    c = c.astype(np.int64)
+    off = c.copy()
+    np.fill_diagonal(off, 0)
+    top = int(off.max())
+    if top == 0:
+        return "The model makes no error on the test pairs."
+
+    def share(g: int, p: int) -> str:
+        return f"{c[g, p]:,} pairs, {c[g, p] / c[g].sum():.3f} of the {labels[g]} pairs"
+
+    cells = [(int(g), int(p)) for g, p in zip(*np.nonzero(off == top))]
+    if len(cells) > 1:
+        named = "; ".join(f"{labels[g]} taken for {labels[p]}" for g, p in cells)
+        return f"The most frequent errors are tied at {top:,} pairs each: {named}."
+    g, p = cells[0]
+    reverse = (f"the reverse, {labels[p]} taken for {labels[g]}, happens to {share(p, g)}" if c[p, g]
+               else f"the reverse, {labels[p]} taken for {labels[g]}, never happens")
+    return f"The most frequent error is {labels[g]} taken for {labels[p]} ({share(g, p)}); {reverse}."
+
+
+def hypernym_alignment_words(accuracy: float, chance: float, tokens: int, overall: float) -> str:
+    """How often the hypernym and hyponym pairs align, against their chance level (chapter 6, section "Is
+    attention an alignment?"): ``"at chance (0.208 of the time, against 0.203)"`` when ``accuracy`` lies within
+    two standard errors of ``chance`` over ``tokens`` tokens, ``"only ..."`` when it is above chance but below the
+    ``overall`` hit rate, else the plain share. Shares in ``[0, 1]``.
+
+    Raises:
+        ValueError: a share is outside ``[0, 1]`` or ``tokens < 1``.
+    """
+    for name, value in (("accuracy", accuracy), ("chance", chance), ("overall", overall)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
+    if tokens < 1:
+        raise ValueError(f"tokens must be at least 1, got {tokens}")
+    numbers = f"{accuracy:.3f} of the time, against a chance level of {chance:.3f}"
+    if abs(accuracy - chance) <= 2 * np.sqrt(chance * (1 - chance) / tokens):
+        return f"at chance ({numbers})"
+    if accuracy < chance:
+        return f"below chance ({numbers})"
+    return f"only {numbers}" if accuracy < overall else numbers
 
 
 def setup_comparison(cfg: NLIConfig, n_train: int, n_params: int) -> pd.DataFrame:
