@@ -160,7 +160,7 @@ def test_family_size_counts_the_rows_holm_ran_over():
     (arm_row(0.0, -0.00001, 0.00001, "no difference resolved"),     # zero, equal rounded bounds
      "changed accuracy by 0.00 points (95% interval 0.00 to 0.00), a difference not resolved"),
     (arm_row(0.0025, 0.0003, 0.0045, CORRECTED), "changed accuracy by +0.25 points (95% interval +0.03 to +0.45), "
-     "a difference that does not hold up once the chance of a false alarm among the other comparisons is counted"),
+     "a difference not resolved once all of this question's comparisons are counted together"),
     (arm_row(np.nan, np.nan, np.nan, "not yet answered", n=1), "has too few runs to change accuracy in a resolved way"),
     (None, "has too few runs to change accuracy in a resolved way"),
 ])
@@ -337,3 +337,19 @@ def test_plot_paired_has_one_row_per_table_row():
     fig = report.plot_paired(runs, rows, {"mask": "the mask"})
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert len(labels) == 5 and labels[0] == "the mask"
+
+
+def test_a_slowdown_gives_its_interval_as_slowdowns():
+    text = report.speed_sentence(report.speed_changes(_speed_runs(10, 0.95, 1.0), n_resamples=499))
+    span = text[text.index("(95% interval"):text.index(")")]
+    assert "-" not in span and span.endswith("slower")
+
+
+def test_a_flip_rate_from_a_repeat_says_so():
+    text = report.flip_gain_text(0.0006, 0.003, box=True, repeat=True)
+    assert text == ("In a repeat of these runs, padding changed 0.06% of the unmasked model's "
+                    "predictions, so the gain probably comes mostly from training.")
+    assert report.flip_gain_text(0.0006, 0.003, repeat=True).startswith(
+        "In a repeat of these runs on another device, padding a review to the training maximum changed 0.06%")
+    assert report.flip_gain_text(float("nan"), 0.003, repeat=True) == (
+        "The runs did not measure how often padding changed a prediction.")

@@ -476,8 +476,8 @@ def effect_text(arm, what: str = "accuracy") -> str:
         verb = "raised" if arm.verdict == "higher" else "lowered"
         return f"{verb} {what} by {abs(100 * arm.mean_diff):.2f} points {interval}"
     if arm.verdict == CORRECTED:
-        return (f"changed {what} by {signed(100 * arm.mean_diff)} points {interval}, a difference that does not "
-                "hold up once the chance of a false alarm among the other comparisons is counted")
+        return (f"changed {what} by {signed(100 * arm.mean_diff)} points {interval}, a difference not resolved "
+                "once all of this question's comparisons are counted together")
     return f"changed {what} by {signed(100 * arm.mean_diff)} points {interval}, a difference not resolved"
 
 
@@ -674,6 +674,8 @@ def speed_sentence(speeds: pd.DataFrame, mask: str = "−∞ mask", other: str =
         m = rows.loc[mask]
         span = f"(95% interval {signed(100 * m.ci_low, 1)}% to {signed(100 * m.ci_high, 1)}%)"
         if m.ci_high < 0:
+            # a slowdown, with its interval as slowdowns too, so that "slower" never sits beside negative numbers
+            span = f"(95% interval {pct(m.ci_high)} to {pct(m.ci_low)} slower)"
             text = f"On {word} the {mask} trained {pct(m.change)} slower than no mask {span}"
             if other in rows.index:
                 o = rows.loc[other]
@@ -805,7 +807,7 @@ def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False
         if np.isfinite(pm_b) and np.isfinite(pm_r):
             than = "more than" if pm_b > pm_r else "less than" if pm_b < pm_r else "as much as"
             said.append(f"It gave the pads {pm_b:.1%} of its attention, {than} the {pm_r:.1%} of the model "
-                        "trained on random batches.")
+                        "trained on random batches in the same paired runs.")
         said.append(f"Padding a review to the training maximum changed {share_or_none(fl_b, 2)} of its "
                     f"predictions, against {share_or_none(fl_r, 2)}. Bucketing keeps the pads out of the training "
                     "batches, not out of the model, so it does not replace the mask.")
@@ -816,16 +818,20 @@ def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False
             "served with other batches meets them again.")
 
 
-def flip_gain_text(flip: float, gain: float, box: bool = False) -> str:
+def flip_gain_text(flip: float, gain: float, box: bool = False, repeat: bool = False) -> str:
     """What the unmasked model's flip rate (``flip``, the share of test predictions that change between no padding
     and padding to the training maximum, a fraction) says about where the mask's gain in test accuracy (``gain``, a
     fraction: 0.003 is 0.3 points) comes from, chosen by comparing the two. A prediction that padding changes can
     move accuracy by one prediction at most, so the pads at test time can explain at most ``flip`` of the gain.
-    ``box``: one short sentence, for the answer box.
+    ``box``: one short sentence, for the answer box. ``repeat``: the flip rate and gain come from a repeat of the
+    comparison on another kind of device (the headline's runs did not measure flips), which the sentence says.
 
     Raises:
         ValueError: ``flip`` outside [0, 1].
     """
+    if repeat and np.isfinite(flip):
+        text = flip_gain_text(flip, gain, box=box)
+        return ("In a repeat of these runs, p" if box else "In a repeat of these runs on another device, p") + text[1:]
     if not np.isfinite(flip):
         return "The runs did not measure how often padding changed a prediction."
     if not 0 <= flip <= 1:
