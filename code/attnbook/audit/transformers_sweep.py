@@ -388,7 +388,9 @@ HALF_CONDITIONS = ("fp16", "bf16")
 
 #: Every cause :func:`classify` gives, in reading order: ``cause -> (the chapter's words, whose side)``. The side is
 #: ``"caller"`` (the caller's documented requirement), ``"design"`` (the model mixes positions by design),
-#: ``"library"`` (unexplained: a candidate upstream bug), ``"not audited"`` or ``"none"``.
+#: ``"flagged, triaged below"`` (a failure in fp32 that :func:`triage` reads against the model's documentation, its
+#: design and a direct check: only what none of them explains is a candidate upstream bug), ``"not audited"`` or
+#: ``"none"``.
 CAUSES: dict[str, tuple[str, str]] = {
     "none": ("passed every check in all five conditions", "none"),
     "positions count the pads (pass position_ids)":
@@ -405,8 +407,9 @@ CAUSES: dict[str, tuple[str, str]] = {
     "half precision: fails": ("passes in fp32; in fp16 or bf16 differs beyond that dtype's tolerance, gives NaN or "
                               "raises", "half precision"),
     "candidate upstream bug: left padding with position_ids":
-        ("differs under left padding even with position_ids from the mask", "library"),
-    "candidate upstream bug: right padding": ("differs or gives NaN under right padding in fp32", "library"),
+        ("differs under left padding even with position_ids from the mask", "flagged, triaged below"),
+    "candidate upstream bug: right padding": ("differs or gives NaN under right padding in fp32",
+                                              "flagged, triaged below"),
     "forward raised an error": ("the forward raised in a condition: not audited there", "not audited"),
 }
 
