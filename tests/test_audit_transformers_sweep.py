@@ -177,9 +177,9 @@ def test_left_padding_causes_are_told_apart_by_the_failing_checks():
     mobilebert = {("right", "pad_content"): (0.2, "x"), ("left_positions", "pad_content"): (0.1, "x")}
     assert sweep.classify(_record(mobilebert))["cause"] == "reads the pad ids"
     assert sweep.classify(_record({("right", "extra_padding"): (1e-3, "x")}))["cause"] == \
-        "candidate upstream bug: right padding"
+        "flagged: right padding"
     assert sweep.classify(_record({("left_positions", "batch_equivalence"): (0.4, "x")}))["cause"] == \
-        "candidate upstream bug: left padding with position_ids"
+        "flagged: left padding with position_ids"
 
 
 def test_cause_counts_add_up_and_refuse_an_unknown_cause():
@@ -207,10 +207,10 @@ def test_the_csv_rebuilds_records_that_classify_the_same():
 def test_triage_counts_as_unexplained_only_what_the_direct_check_reproduces_without_a_note():
     table = pd.DataFrame({"entry": ["causal-lm:a", "causal-lm:b", "masked-lm:fnet", "causal-lm:c", "causal-lm:d"],
                           "model_type": ["a", "b", "fnet", "c", "d"],
-                          "cause": ["candidate upstream bug: right padding",
-                                    "candidate upstream bug: left padding with position_ids",
-                                    "candidate upstream bug: right padding",
-                                    "candidate upstream bug: right padding", "none"],
+                          "cause": ["flagged: right padding",
+                                    "flagged: left padding with position_ids",
+                                    "flagged: right padding",
+                                    "flagged: right padding", "none"],
                           "failed": ["right: pad_content", "left_positions: batch_equivalence",
                                      "right: extra_padding", "right: extra_padding", ""]})
     long = pd.DataFrame({"entry": ["causal-lm:a", "causal-lm:b"], "condition": ["right", "left_positions"],

@@ -43,7 +43,7 @@ from attnbook.provenance import atomic_write_text, provenance, write_provenance
 
 __all__ = ["CONDITIONS", "SHRINK", "OVERRIDES", "Entry", "entries", "tiny_config", "build", "audit_entry",
            "audit_isolated", "direct_check", "classify", "summary", "cause_counts", "triage", "records_from_table",
-           "reclassify", "headline", "triage_sentence", "main", "LENGTHS", "MODES", "CAUSES", "NOTES",
+           "reclassify", "headline", "triage_sentence", "main", "LENGTHS", "MODES", "CAUSES", "NOTES", "FLAGGED",
            "FP32_CONDITIONS", "HALF_CONDITIONS"]
 
 DEFAULT_OUT = Path("results/audit_transformers.csv")
@@ -386,6 +386,9 @@ PADDING_CHECKS = ("batch_equivalence", "extra_padding", "pad_content")
 FP32_CONDITIONS = ("right", "left", "left_positions")
 HALF_CONDITIONS = ("fp16", "bf16")
 
+#: The prefix of the causes that :func:`triage` reads: a failure in fp32 that only the model's documentation, its
+#: design or a direct check can explain (not yet a bug: see :func:`triage`).
+FLAGGED = "flagged: "
 #: Every cause :func:`classify` gives, in reading order: ``cause -> (the chapter's words, whose side)``. The side is
 #: ``"caller"`` (the caller's documented requirement), ``"design"`` (the model mixes positions by design),
 #: ``"flagged, triaged below"`` (a failure in fp32 that :func:`triage` reads against the model's documentation, its
@@ -406,9 +409,9 @@ CAUSES: dict[str, tuple[str, str]] = {
          "the output's dtype", "half precision"),
     "half precision: fails": ("passes in fp32; in fp16 or bf16 differs beyond that dtype's tolerance, gives NaN or "
                               "raises", "half precision"),
-    "candidate upstream bug: left padding with position_ids":
+    "flagged: left padding with position_ids":
         ("differs under left padding even with position_ids from the mask", "flagged, triaged below"),
-    "candidate upstream bug: right padding": ("differs or gives NaN under right padding in fp32",
+    "flagged: right padding": ("differs or gives NaN under right padding in fp32",
                                               "flagged, triaged below"),
     "forward raised an error": ("the forward raised in a condition: not audited there", "not audited"),
 }
@@ -420,8 +423,8 @@ def classify(record: dict) -> dict[str, Any]:
     ``cause`` (the keys of :data:`CAUSES`) is the first that applies of: ``"not built"``; ``"forward raised an
     error"`` (a condition in fp32 raised: the entry was not audited there); ``"reads the pad ids"`` (in fp32 only
     ``pad_content`` fails, under right padding and under left padding with position ids: other ids in the pads move
-    real outputs, the pad id does not); ``"candidate upstream bug: right padding"`` (right padding gives NaN or
-    differs in fp32); ``"candidate upstream bug: left padding with position_ids"`` (left padding still differs when
+    real outputs, the pad id does not); ``"flagged: right padding"`` (right padding gives NaN or
+    differs in fp32); ``"flagged: left padding with position_ids"`` (left padding still differs when
     the model takes position ids counted from the mask); ``"reads the pad ids"`` (under left padding without position
     ids only ``pad_content`` fails: positions counted from the pad id, as RoBERTa's); ``"pads reach real tokens under
     left padding"`` (no position_ids, left padding differs and ``pad_content`` fails too: the pads' ids, not only
@@ -453,9 +456,9 @@ def classify(record: dict) -> dict[str, Any]:
             and positions == "from_mask":
         cause = "reads the pad ids"
     elif state["right"] in bad:
-        cause = "candidate upstream bug: right padding"
+        cause = "flagged: right padding"
     elif state["left_positions"] in bad and positions == "from_mask":
-        cause = "candidate upstream bug: left padding with position_ids"
+        cause = "flagged: left padding with position_ids"
     elif failed["left"] == {"pad_content"}:
         cause = "reads the pad ids"
     elif state["left"] in bad and positions == "not taken" and "pad_content" in failed["left"]:
@@ -549,7 +552,7 @@ DIRECT_TOLERANCE = 1e-5
 
 
 def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """The candidates of the sweep, triaged: one row per entry whose cause starts with ``"candidate upstream bug"``.
+    """The flagged entries of the sweep, triaged: one row per entry whose cause starts with :data:`FLAGGED`.
 
     Args:
         table: :func:`summary` (columns ``entry``, ``model_type``, ``cause``, ``failed``).
@@ -567,7 +570,7 @@ def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, 
     Raises:
         KeyError: a candidate without a direct check.
     """
-    sel = table[table["cause"].astype(str).str.startswith("candidate upstream bug")]
+    sel = table[table["cause"].astype(str).str.startswith(FLAGGED)]
     rows = []
     for r in sel.itertuples(index=False):
         side = "right" if r.cause.endswith("right padding") else "left"
@@ -748,7 +751,7 @@ def reclassify(out: Path) -> pd.DataFrame:
     table = summary(records)
     record = json.loads(out.with_suffix(".json").read_text())
     known = {e.key: e for e in entries()}
-    candidates = table[table["cause"].astype(str).str.startswith("candidate upstream bug")]
+    candidates = table[table["cause"].astype(str).str.startswith(FLAGGED)]
     direct = {key: direct_check(known[key]) for key in candidates["entry"]}
     triaged = triage(table, long, direct)
     for name in ("summary", "causes", "triage"):
