@@ -11,7 +11,9 @@ from dataclasses import replace
 
 from attnbook.experiments.masking_report import (ARMS, CORRECTED, MIN_PAIRS, Arm, answer_table, boost_odds,
                                                  bucketing_verdict, direction_agrees, format_answer, rho_sentence,
-                                                 seed_by_seed, share_or_none, signed, verdict)
+                                                 runs_by_kind, seed_by_seed, share_or_none, signed,
+                                                 table_device_kind, verdict)
+from attnbook.experiments.masking import condition_id
 from attnbook.stats import compare_paired
 
 FACTORS = ["pooling", "masking", "rnn_input", "batching", "precision"]
@@ -149,6 +151,19 @@ def test_runs_pair_only_on_one_kind_of_device():
     assert row.n_pairs == 14 and row.device_kind == "gpu" and row.verdict == "lower"
     half = pd.concat([cpu[cpu.masking == "none"], gpu[gpu.masking == "neg_inf"]])   # no pair within a kind
     assert answer_table(half, n_resamples=999).n_pairs.iloc[0] == 0
+
+
+def test_a_whole_table_reads_one_kind_of_device():
+    """The central arm has more pairs on the CPU, but only the GPU runs answer both arms: every row reads the GPU
+    runs, so that no two numbers of one table come from different devices."""
+    frame, arms = _two_arms(6, primary=True)
+    gpu = frame.assign(device="NVIDIA H100 80GB HBM3")
+    cpu = central(12, -0.01, seed=5, device="CPU (1 threads, x86_64)")   # the central arm only, more pairs
+    table = answer_table(pd.concat([gpu, cpu]), arms, n_resamples=999)
+    assert table.device_kind.tolist() == ["gpu", "gpu"] and table.n_pairs.tolist() == [6, 6]
+    assert table.verdict.iloc[0] == "higher"   # the GPU runs' gain, not the CPU runs' loss
+    assert table_device_kind(runs_by_kind(cpu, tuple(FACTORS), condition_id, "test_accuracy"), arms) == "cpu"
+    assert table_device_kind(runs_by_kind(cpu.iloc[:0], tuple(FACTORS), condition_id, "test_accuracy"), arms) == ""
 
 
 def test_each_row_says_what_it_is_compared_with():

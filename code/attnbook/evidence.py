@@ -8,7 +8,9 @@ stored runs in ``results/``, so the two pages cannot disagree.
 **The verdict rule** (one rule for every chapter, stated once on the evidence pages, :data:`RULE`):
 
 1. a comparison gets a verdict only when it has at least :data:`MIN_PAIRS` paired runs (runs of both conditions with
-   the same seed, on the same kind of device); with fewer it is *not yet answered*;
+   the same seed, on the same kind of device); with fewer it is *not yet answered*. A table of comparisons reads the
+   runs of one kind of device, the one on which the most of its comparisons can get a verdict
+   (:func:`attnbook.experiments.masking_report.table_device_kind`); runs on the other kind are a repeat;
 2. otherwise the 95% interval of the mean paired difference decides: an interval that excludes zero gives a
    direction (*higher* or *lower*), one that includes zero gives *no difference resolved*;
 3. in a family of comparisons, only the one the experiment was designed to answer (the *primary* one) is decided by
@@ -52,7 +54,9 @@ VERDICTS = ("higher", "lower", "no difference resolved", CORRECTED, NOT_YET)
 
 #: The rule in words, as the evidence pages state it.
 RULE = (f"A comparison gets a verdict only when it has at least {MIN_PAIRS} paired runs (the same seed under both "
-        "conditions, on the same kind of device); with fewer it is \"not yet answered\". The 95% interval of the "
+        "conditions, on the same kind of device); with fewer it is \"not yet answered\". One table reads the runs "
+        "of one kind of device, the one on which the most of its comparisons can get a verdict; runs on the other "
+        "kind are shown as a repeat. The 95% interval of the "
         "mean paired difference then decides: \"higher\" or \"lower\" when it excludes zero, \"no difference "
         "resolved\" when it includes zero. In a family of comparisons, only the one the experiment was designed "
         "to answer is decided by its interval alone; each other one also needs its Wilcoxon p-value, after Holm's "

@@ -35,7 +35,7 @@ from ..store import device_kind   # re-exported: the kind of device a stored run
 from .masking import condition_id
 
 __all__ = ["Arm", "ARMS", "MIN_PAIRS", "CORRECTED", "ALPHA", "answer_table", "format_answer", "verdict",
-           "direction_agrees", "device_kind", "runs_by_kind", "paired_table", "seed_by_seed", "boost_odds",
+           "direction_agrees", "device_kind", "runs_by_kind", "table_device_kind", "paired_table", "seed_by_seed", "boost_odds",
            "signed", "rho_sentence", "bucketing_verdict", "share_or_none", "CHAPTER_ROWS", "PLAIN_VERDICTS",
            "results_table", "effect_text", "asker_example", "plot_asker_example", "pad_score_gradients",
            "renormalize_underflow", "speed_changes", "speed_sentence", "ahead_text", "plot_paired", "bucketing_text",
@@ -97,17 +97,30 @@ _SIDES = {"pad_mass": "pad_mass", "flip_in": "flip_rate_in", "flip_stress": "fli
           "tokens_per_s": "tokens_per_s"}
 
 
-def _paired(frame: pd.DataFrame, arm) -> pd.DataFrame:
-    """The runs of ``arm``'s two conditions on one kind of device (the kind with more paired seeds; GPU on a tie),
-    restricted to the seeds that ran in both."""
+def _paired(frame: pd.DataFrame, arm, kind: str | None = None) -> pd.DataFrame:
+    """The runs of ``arm``'s two conditions on one kind of device, restricted to the seeds that ran in both: on
+    ``kind`` when given, else on the kind with more paired seeds (GPU on a tie)."""
     best = frame.iloc[:0]
-    for kind in ("gpu", "cpu"):
-        runs = frame[frame.condition.isin([arm.condition, arm.baseline]) & (frame.device_kind == kind)]
+    for k in ("gpu", "cpu") if kind is None else (kind,):
+        runs = frame[frame.condition.isin([arm.condition, arm.baseline]) & (frame.device_kind == k)]
         seeds = runs.groupby("seed").condition.nunique()
         runs = runs[runs.seed.isin(seeds[seeds == 2].index)]
         if runs.seed.nunique() > best.seed.nunique():
             best = runs
     return best
+
+
+def table_device_kind(frame: pd.DataFrame, pairs, min_pairs: int = MIN_PAIRS) -> str:
+    """The one kind of device whose runs answer a whole table of comparisons (``frame`` from :func:`runs_by_kind`):
+    the kind on which the most comparisons have at least ``min_pairs`` paired runs, then the one with more paired
+    runs in all, then GPU. One table reads one set of runs, so that no two of its numbers come from different
+    devices; the runs on the other kind are a repeat, shown on the evidence page. ``""`` when ``frame`` is empty."""
+    scores = {}
+    for kind in ("gpu", "cpu"):
+        counts = [_paired(frame, pair, kind).seed.nunique() for pair in pairs]
+        scores[kind] = (sum(n >= min_pairs for n in counts), sum(counts))
+    best = max(scores, key=lambda k: scores[k])   # max keeps the first on a tie: GPU
+    return best if scores[best][1] else ""
 
 
 def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: str = "test_accuracy",
@@ -166,7 +179,7 @@ def runs_by_kind(frame: pd.DataFrame, factors: tuple[str, ...], condition_of, va
 def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: str = "test_accuracy",
                  min_pairs: int = MIN_PAIRS, n_resamples: int = 9999, seed: int = 0) -> pd.DataFrame:
     """One row per pair (anything with ``condition`` and ``baseline`` attributes) of the runs in ``frame`` (from
-    :func:`runs_by_kind`), on one kind of device each (the kind with more paired seeds; GPU on a tie).
+    :func:`runs_by_kind`), all on one kind of device (:func:`table_device_kind`).
 
     Returns:
         Columns ``condition, baseline, n_pairs, device_kind``, the paired statistics of ``value``
@@ -178,8 +191,10 @@ def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: st
         (:func:`verdict`: a primary row by its interval, a secondary row by its interval and ``p_holm``).
     """
     rows = []
+    pairs = list(pairs)
+    kind = table_device_kind(frame, pairs, min_pairs)
     for pair in pairs:
-        runs = _paired(frame, pair)
+        runs = _paired(frame, pair, kind) if kind else frame.iloc[:0]
         n = runs.seed.nunique()
         row: dict = {"condition": pair.condition, "baseline": pair.baseline, "n_pairs": n,
                      "device_kind": runs.device_kind.iloc[0] if n else ""}
