@@ -121,7 +121,9 @@ def test_results_table_has_the_chapter_rows_in_plain_columns():
     table = report.results_table(_answer())
     assert list(table.columns) == ["condition", "compared with", "change in accuracy (points)", "95% interval",
                                    "runs", "verdict"]
-    assert len(table) == len(report.CHAPTER_ROWS) == 5
+    # every comparison whose verdict the chapter states: the primary row and all six secondary ones, so that
+    # "among 6 secondary comparisons" counts rows the reader sees
+    assert len(table) == len(report.CHAPTER_ROWS) == len(report.ARMS) == 7
     assert table.condition.iloc[0] == "−∞ mask"
     joined = " ".join(table.astype(str).to_numpy().ravel())
     assert "Holm" not in joined and "Wilcoxon" not in joined
@@ -223,6 +225,12 @@ def test_bucketing_robustness_follows_the_flip_rates():
     assert "did not learn" not in equal and "still does not replace" in equal
     assert "did not measure" in report.bucketing_robustness_text(robust_row(0.08, 0.07, np.nan, 0.001))
     assert "did not measure" in report.bucketing_robustness_text(None)
+    # the random-batch model's pad mass as the page quotes it elsewhere: one value per quantity
+    quoted = report.bucketing_robustness_text(row, detail=True, pad_mass_random=0.0736)
+    assert "more than the 7.4% of the unmasked model" in quoted and "7.3%" not in quoted
+    assert "less than the 9.0%" in report.bucketing_robustness_text(row, detail=True, pad_mass_random=0.09)
+    with pytest.raises(ValueError, match="pad_mass_random"):
+        report.bucketing_robustness_text(row, detail=True, pad_mass_random=7.36)
     assert report.bucketing_robustness_text(row, box=True) == (
         "A model trained on bucketed batches without a mask changed 8 times as many predictions when padded, so "
         "bucketing does not replace the mask.")
@@ -336,13 +344,16 @@ def test_plot_paired_has_one_row_per_table_row():
     rows = answer.set_index("arm").loc[list(report.CHAPTER_ROWS)].reset_index()
     fig = report.plot_paired(runs, rows, {"mask": "the mask"})
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert len(labels) == 5 and labels[0] == "the mask"
+    assert len(labels) == len(report.CHAPTER_ROWS) == 7 and labels[0] == "the mask"
 
 
 def test_a_slowdown_gives_its_interval_as_slowdowns():
     text = report.speed_sentence(report.speed_changes(_speed_runs(10, 0.95, 1.0), n_resamples=499))
     span = text[text.index("(95% interval"):text.index(")")]
     assert "-" not in span and span.endswith("slower")
+    # the other mask's change carries its own interval, in a sentence of its own
+    second = text.split(". ", 1)[1]
+    assert second.startswith("Renormalize, which masks too,") and "(95% interval" in second
 
 
 def test_a_flip_rate_from_a_repeat_says_so():

@@ -423,6 +423,8 @@ CHAPTER_ROWS = {
     "bucketing": ("bucketed batches, no mask", "random batches, no mask"),
     "mask, bucketed": ("−∞ mask, bucketed batches", "no mask, bucketed batches"),
     "mask, unpacked": ("−∞ mask, unpacked encoder", "no mask, unpacked encoder"),
+    "bucketing, masked": ("bucketed batches, −∞ mask", "random batches, −∞ mask"),
+    "mean pooling": ("masked mean pooling", "−∞-masked attention pooling"),
 }
 
 #: A verdict of :func:`attnbook.evidence.verdict` in the words of a chapter's table (no test named). The entry for
@@ -667,6 +669,14 @@ def speed_changes(frame: pd.DataFrame, conditions: dict | None = None, *, min_pa
     return pd.DataFrame(rows, columns=columns)
 
 
+def _speed_span(row) -> str:
+    """A change in speed's 95% interval in words: as slowdowns when the whole interval is a slowdown (so that
+    "slower" never sits beside negative numbers), else as signed percentages."""
+    if row.ci_high < 0:
+        return f"(95% interval {abs(100 * row.ci_high):.1f}% to {abs(100 * row.ci_low):.1f}% slower)"
+    return f"(95% interval {signed(100 * row.ci_low, 1)}% to {signed(100 * row.ci_high, 1)}%)"
+
+
 def speed_sentence(speeds: pd.DataFrame, mask: str = "−∞ mask", other: str = "renormalize",
                    kinds: tuple[str, ...] = ("gpu", "cpu")) -> str:
     """What the runs say about the mask's cost in speed, in one or two sentences chosen from ``speeds``
@@ -687,22 +697,20 @@ def speed_sentence(speeds: pd.DataFrame, mask: str = "−∞ mask", other: str =
         if mask not in rows.index:
             continue
         m = rows.loc[mask]
-        span = f"(95% interval {signed(100 * m.ci_low, 1)}% to {signed(100 * m.ci_high, 1)}%)"
+        span = _speed_span(m)
         if m.ci_high < 0:
-            # a slowdown, with its interval as slowdowns too, so that "slower" never sits beside negative numbers
-            span = f"(95% interval {pct(m.ci_high)} to {pct(m.ci_low)} slower)"
             text = f"On {word} the {mask} trained {pct(m.change)} slower than no mask {span}"
             if other in rows.index:
                 o = rows.loc[other]
+                said = f"{other[0].upper()}{other[1:]}, which masks too,"
                 if o.ci_low <= 0 <= o.ci_high:
-                    text += (f", but {other}, which masks too, changed speed by {signed(100 * o.change, 1)}%, a "
-                             "change not resolved: the cost belongs to one implementation of the mask, not to "
-                             "masking")
+                    text += (f". {said} changed speed by {signed(100 * o.change, 1)}% {_speed_span(o)}, a change "
+                             "not resolved: the cost belongs to one implementation of the mask, not to masking")
                 elif o.ci_low > m.ci_high:
-                    text += (f", but {other}, which masks too, was only {pct(o.change)} slower: most of the cost "
+                    text += (f". {said} was only {pct(o.change)} slower {_speed_span(o)}: most of the cost "
                              "belongs to one implementation of the mask, not to masking")
                 else:
-                    text += f", and {other}, which masks too, was about as slow ({signed(100 * o.change, 1)}%)"
+                    text += f". {said} was about as slow: {signed(100 * o.change, 1)}% {_speed_span(o)}"
         elif m.ci_low > 0:
             text = f"On {word} the {mask} trained {pct(m.change)} faster than no mask {span}"
         else:
@@ -756,12 +764,13 @@ def plot_paired(runs: pd.DataFrame, table: pd.DataFrame, labels: dict | None = N
     return fig
 
 
-def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float, pad_bucketed: float) -> str:
+def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float, pad_bucketed: float,
+                   pad_mass_random: float | None = None) -> str:
     """Chapter 5's explanation of what bucketing does, chosen from three rows of :func:`answer_table`: bucketing
     without a mask (``bucketing``), bucketing with the −∞ mask (``bucketing_masked``: with a packed encoder the pads
     then play no part, so only the make-up of the batches changes) and the mask under bucketed batches
     (``mask_bucketed``); ``pad_random`` and ``pad_bucketed`` are the shares of pads in the training batches
-    (fractions).
+    (fractions). ``pad_mass_random``: as in :func:`bucketing_robustness_text`.
 
     Raises:
         ValueError: a padding share is outside [0, 1].
@@ -780,19 +789,22 @@ def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float
                      f"{effect_text(bucketing_masked, 'accuracy')}: the make-up of the batches matters by itself.")
     if masked != "not yet answered":
         parts.append("The runs do not separate how much of bucketing's gain comes from each.")
-    parts.append(bucketing_robustness_text(bucketing, detail=True))
+    parts.append(bucketing_robustness_text(bucketing, detail=True, pad_mass_random=pad_mass_random))
     return " ".join(parts)
 
 
-def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False) -> str:
+def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False,
+                              pad_mass_random: float | None = None) -> str:
     """Whether a model trained on bucketed batches without a mask learned to ignore the pads, chosen from the
     ``bucketing`` row of :func:`answer_table` (bucketed against random batches, no mask, paired on one kind of
     device): its attention mass on pads (``pad_mass_condition`` against ``pad_mass_baseline``) and its flip rate,
     the share of test predictions that change between no padding and padding to the training maximum
     (``flip_in_condition`` against ``flip_in_baseline``), all fractions. ``detail``: also give the pad mass and the
     random-batch model's numbers (chapter 5's results section); without it, one sentence (the conclusions).
-    ``box``: the shortest form, for the answer box. Bucketing never replaces the mask: it removes pads from the
-    batches, not from the model.
+    ``box``: the shortest form, for the answer box. ``pad_mass_random``: the random-batch unmasked model's pad mass
+    as the page quotes it elsewhere (the central comparison's, over its own pairs of the same runs), so that one
+    quantity has one value on the page; ``None`` takes the ``bucketing`` row's. Bucketing never replaces the mask: it
+    removes pads from the batches, not from the model.
 
     Raises:
         ValueError: a pad mass or flip rate outside [0, 1].
@@ -802,6 +814,10 @@ def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False
     for k, x in values.items():
         if np.isfinite(x) and not 0 <= x <= 1:
             raise ValueError(f"{k} must be a share between 0 and 1, got {x}")
+    if pad_mass_random is not None:
+        values["pad_mass_baseline"] = float(pad_mass_random)
+        if np.isfinite(values["pad_mass_baseline"]) and not 0 <= values["pad_mass_baseline"] <= 1:
+            raise ValueError(f"pad_mass_random must be a share between 0 and 1, got {pad_mass_random}")
     pm_b, pm_r, fl_b, fl_r = (values[k] for k in names)
     if box:
         if np.isfinite(fl_b) and np.isfinite(fl_r) and fl_b > fl_r:
@@ -821,8 +837,8 @@ def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False
         said = ["A model trained on bucketed batches without a mask does not learn to ignore the pads."]
         if np.isfinite(pm_b) and np.isfinite(pm_r):
             than = "more than" if pm_b > pm_r else "less than" if pm_b < pm_r else "as much as"
-            said.append(f"It gave the pads {pm_b:.1%} of its attention, {than} the {pm_r:.1%} of the model "
-                        "trained on random batches in the same paired runs.")
+            said.append(f"It gave the pads {pm_b:.1%} of its attention, {than} the {pm_r:.1%} of the unmasked "
+                        "model trained on random batches.")
         said.append(f"Padding a review to the training maximum changed {share_or_none(fl_b, 2)} of its "
                     f"predictions, against {share_or_none(fl_r, 2)}. Bucketing keeps the pads out of the training "
                     "batches, not out of the model, so it does not replace the mask.")
