@@ -487,3 +487,17 @@ def test_command_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_one_kernel_is_one_root_cause_and_one_softmax_is_another():
+    """The fused fast path's masked softmax gives NaN for a query with no key: on an empty row, and, under a causal
+    mask with left padding, in the real tokens of the next layer. One kernel, one root cause, library behaviour
+    (pytorch/pytorch#190486). The weights path's own softmax (#41508) is a different one, and a contract choice."""
+    fast = {registry.CAUSES[s][c].root_cause for s, c in
+            [("torch-mha-fastpath", "empty_row"), ("torch-encoder-fastpath", "empty_row"),
+             ("torch-encoder-causal-fastpath", "empty_row"), ("torch-encoder-causal-fastpath", CAUSAL_CHECK)]}
+    weights = {registry.CAUSES[s]["empty_row"].root_cause for s in
+               ("torch-mha-weights-train", "torch-mha-weights-eval")}
+    assert len(fast) == 1 and len(weights) == 1 and fast != weights
+    assert registry.ROOT_CAUSES[fast.pop()][0] == "library"
+    assert registry.ROOT_CAUSES[weights.pop()][0] == "contract"

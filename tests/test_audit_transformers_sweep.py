@@ -148,6 +148,10 @@ def test_an_entry_whose_forward_raised_in_every_condition_is_not_a_pass():
     funnel = _record({(c, "batch_equivalence"): (float("nan"), "forward raised RuntimeError: index 4")
                       for c in sweep.CONDITIONS})
     assert sweep.classify(funnel)["cause"] == "forward raised an error"
+    # a failure under right padding is flagged whatever another condition raised (the masked-LM Reformer case)
+    reformer = _record({("right", "extra_padding"): (1e-3, "x")}, raised=("left_positions",))
+    assert sweep.classify(reformer)["cause"] == "flagged: right padding"
+    assert sweep.classify(_record(raised=("left_positions",)))["cause"] == "forward raised an error"
 
 
 def test_half_precision_failures_get_their_own_causes_at_the_dtype_tolerance():
@@ -227,7 +231,7 @@ def test_triage_counts_as_unexplained_only_what_the_direct_check_reproduces_with
     assert t.loc["causal-lm:c", "reading"] == "not reproduced directly (the direct call raised)"
     assert t.loc["causal-lm:c", "audit"] == "NaN"
     assert t.loc["masked-lm:fnet", "described in"].startswith("[FNet's usage tips](https://huggingface.co/")
-    assert t.loc["masked-lm:fnet", "takes attention_mask"] == "no"
+    assert t.loc["masked-lm:fnet", "attention_mask in signature"] == "no"
     with pytest.raises(KeyError):
         sweep.triage(table, long, {})
 
@@ -261,3 +265,13 @@ def test_the_triage_sentence_agrees_in_number():
                    "remain unexplained.")
     missed = _triaged([False], ["not reproduced directly (passes)"])
     assert sweep.triage_sentence(missed).endswith("1 is not reproduced by the direct check.")
+
+
+def test_a_model_that_builds_its_own_mask_is_not_read_as_mixing_positions():
+    """CPM-Ant ignores its attention_mask and builds its own from the ids, for left padding: the triage reads it from
+    NOTES, and the sentence words it as what it is, not as attention mixing positions by design."""
+    reading = sweep.NOTES["cpmant"][0]
+    assert "own mask" in reading and "by design" not in reading
+    text = sweep.triage_sentence(_triaged([False, False], [reading, "chunked attention by design"]))
+    assert text == ("Of the 2 entries the audit flagged, 1 mixes positions outside masked attention by design and 1 "
+                    "builds its own mask from the token ids, for left padding.")

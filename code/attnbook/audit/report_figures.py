@@ -151,8 +151,9 @@ def differences_figure(results: pd.DataFrame, checks: Sequence[str], rtol: float
 #: entry falls back to its summary there.
 ROOT_WORDS = {
     "left-padding-positions": "left padding without position_ids",
-    "empty-row-nan": "NaN for a row with no real token",
-    "causal-left-padding-nan": "NaN under a causal mask with left padding",
+    "empty-row-nan": "NaN for a row with no real token (the weights path)",
+    "fastpath-empty-row-nan": "NaN from the fast path for a query with no key (empty rows; real tokens under a "
+                              "causal mask with left padding)",
     "cpu-autocast-fastpath": "an error of the fast path under CPU autocast",
     "fp16-fill-overflow": "a fill constant that overflows fp16",
 }

@@ -118,11 +118,13 @@ CATEGORIES = {
 
 #: ``{root_cause: (category, summary)}``: one entry per cause, however many subjects and checks it fails.
 ROOT_CAUSES = {
-    "empty-row-nan": ("contract", "a query with no key gets NaN (softmax of an all -inf row) where SDPA gives zeros"),
+    "empty-row-nan": ("contract", "the weights path's own softmax gives a query with no key NaN (0/0), where SDPA "
+                                  "gives zeros"),
     "left-padding-positions": ("caller", "left padding without position_ids from the mask: the pads shift "
                                          "every real token's position"),
-    "causal-left-padding-nan": ("library", "causal mask plus left padding: the pads' queries see no key, get NaN "
-                                           "on the fast path, and spread it to every real token in the next layer"),
+    "fastpath-empty-row-nan": ("library", "the fused fast path's masked softmax gives a query with no key NaN, where "
+                                          "SDPA gives zeros: on an empty row, and, under a causal mask with left "
+                                          "padding, in every real token of the next layer"),
     "cpu-autocast-fastpath": ("library", "the fast path runs under CPU autocast with fp32 weights and "
                                          "half-precision inputs, and raises"),
     "fp16-fill-overflow": ("library", "a mask fill of -1e6 overflows fp16 and an empty row becomes 0/0"),
@@ -499,8 +501,11 @@ def _shifted(why: str = _ABSOLUTE, url: str = "", ref: str = "", kind: str = "by
 
 
 _EMPTY_ROW_WEIGHTS = Cause("by design", "path", _TORCH_NAN, _PT + "issues/41508", root_cause="empty-row-nan")
-_EMPTY_ROW_FASTPATH = Cause("by design", "path", _FASTPATH_NAN, _PT + "pull/190486", root_cause="empty-row-nan")
-_CAUSAL = Cause("bug", "path", _CAUSAL_NAN, _PT + "pull/190486", root_cause="causal-left-padding-nan")
+# one kernel, two symptoms, one root cause: the fast path's masked softmax (pytorch/pytorch#190486, "a silent
+# divergence" from SDPA); the weights path's NaN (#41508) is a different softmax, and a contract choice
+_EMPTY_ROW_FASTPATH = Cause("by design", "path", _FASTPATH_NAN, _PT + "pull/190486",
+                            root_cause="fastpath-empty-row-nan")
+_CAUSAL = Cause("bug", "path", _CAUSAL_NAN, _PT + "pull/190486", root_cause="fastpath-empty-row-nan")
 
 #: ``CAUSES[subject_key][check]``: why that subject fails that check, with the upstream thread (or, where none
 #: exists, the documentation that states the requirement).

@@ -421,10 +421,11 @@ def classify(record: dict) -> dict[str, Any]:
     """One row of the summary: each condition's state (padding checks; the empty row apart), and one root cause.
 
     ``cause`` (the keys of :data:`CAUSES`) is the first that applies of: ``"not built"``; ``"forward raised an
-    error"`` (a condition in fp32 raised: the entry was not audited there); ``"reads the pad ids"`` (in fp32 only
+    error"`` (right padding in fp32 raised: the entry was not audited there); ``"reads the pad ids"`` (in fp32 only
     ``pad_content`` fails, under right padding and under left padding with position ids: other ids in the pads move
     real outputs, the pad id does not); ``"flagged: right padding"`` (right padding gives NaN or
-    differs in fp32); ``"flagged: left padding with position_ids"`` (left padding still differs when
+    differs in fp32, beyond pad content alone, whatever the other conditions did); ``"forward raised an error"``
+    (another condition in fp32 raised); ``"flagged: left padding with position_ids"`` (left padding still differs when
     the model takes position ids counted from the mask); ``"reads the pad ids"`` (under left padding without position
     ids only ``pad_content`` fails: positions counted from the pad id, as RoBERTa's); ``"pads reach real tokens under
     left padding"`` (no position_ids, left padding differs and ``pad_content`` fails too: the pads' ids, not only
@@ -450,13 +451,15 @@ def classify(record: dict) -> dict[str, Any]:
     failed = {name: set(_failed_checks(record, name)) for name in CONDITIONS}
     bad = ("NaN", "differs")
     half_bad = [name for name in HALF_CONDITIONS if every[name] != "pass"]
-    if any(state[name] == "error" for name in FP32_CONDITIONS):
+    if state["right"] == "error":
         cause = "forward raised an error"
     elif failed["right"] == {"pad_content"} and failed["left_positions"] <= {"pad_content"} \
             and positions == "from_mask":
         cause = "reads the pad ids"
     elif state["right"] in bad:
-        cause = "flagged: right padding"
+        cause = "flagged: right padding"   # whatever the other conditions did: right padding is the default
+    elif any(state[name] == "error" for name in FP32_CONDITIONS):
+        cause = "forward raised an error"
     elif state["left_positions"] in bad and positions == "from_mask":
         cause = "flagged: left padding with position_ids"
     elif failed["left"] == {"pad_content"}:
@@ -540,12 +543,17 @@ def cause_counts(table: pd.DataFrame) -> pd.DataFrame:
 #: What a candidate's documentation asks of the caller, or what its design does that mixes positions outside masked
 #: attention, keyed by model type: ``(reading, label, url)`` (``url`` empty where no page was read for it).
 NOTES: dict[str, tuple[str, str, str]] = {
+    "cpmant": ("builds its own mask from input_ids != 0, for left padding (its attention_mask is a dummy "
+               "parameter): pad on the left with id 0", "CPM-Ant's forward (source)",
+               "https://github.com/huggingface/transformers/blob/main/src/transformers/models/cpmant/"
+               "modeling_cpmant.py"),
     "fnet": ("takes no attention mask: documented (use one fixed length, pads included)", "FNet's usage tips",
              "https://huggingface.co/docs/transformers/model_doc/fnet"),
-    "nystromformer": ("approximate attention by design (landmarks averaged over segments)", "", ""),
-    "yoso": ("approximate attention by design (hashing)", "", ""),
-    "reformer": ("chunked attention by design", "", ""),
-    "convbert": ("a convolution over the sequence by design", "", ""),
+    "nystromformer": ("approximate attention by design (landmarks averaged over segments)",
+                      "Nyströmformer's model page", "https://huggingface.co/docs/transformers/model_doc/nystromformer"),
+    "yoso": ("approximate attention by design (hashing)", "YOSO's model page", "https://huggingface.co/docs/transformers/model_doc/yoso"),
+    "reformer": ("chunked attention by design", "Reformer's model page", "https://huggingface.co/docs/transformers/model_doc/reformer"),
+    "convbert": ("a convolution over the sequence by design", "ConvBERT's model page", "https://huggingface.co/docs/transformers/model_doc/convbert"),
 }
 #: A direct difference at or below this (relative to the largest output) does not reproduce a failure.
 DIRECT_TOLERANCE = 1e-5
@@ -563,7 +571,8 @@ def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, 
     Returns:
         ``entry``, ``failing checks`` (fp32 conditions), ``side`` (``right`` or ``left``, the failing condition the
         direct check repeats), ``audit`` (the largest relative difference there), ``direct`` (the direct check's on
-        that side), ``takes attention_mask``, ``takes position_ids``, ``reading`` (documented, by design, not
+        that side), ``attention_mask in signature``, ``position_ids in signature`` (whether the forward has the
+        argument, not whether it uses it: CPM-Ant's is a dummy), ``reading`` (documented, by design, not
         reproduced directly, or unexplained), ``described in`` (a Markdown link, or ``"none cited"``) and
         ``unexplained`` (bool: reproduced directly and neither documented nor by design).
 
@@ -589,12 +598,13 @@ def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, 
         rows.append({"entry": r.entry, "failing checks": fp32, "side": side,
                      "audit": "NaN" if pd.isna(audit_diff) else f"{audit_diff:.1e}",
                      "direct": value if isinstance(value, str) else f"{value:.1e}",
-                     "takes attention_mask": "yes" if check.get("attention_mask") else "no",
-                     "takes position_ids": "yes" if check.get("position_ids") else "no",
+                     "attention_mask in signature": "yes" if check.get("attention_mask") else "no",
+                     "position_ids in signature": "yes" if check.get("position_ids") else "no",
                      "reading": reading,
                      "described in": f"[{label}]({url})" if url else "none cited",
                      "unexplained": bool(reproduced and r.model_type not in NOTES)})
-    columns = ["entry", "failing checks", "side", "audit", "direct", "takes attention_mask", "takes position_ids",
+    columns = ["entry", "failing checks", "side", "audit", "direct", "attention_mask in signature",
+               "position_ids in signature",
                "reading", "described in", "unexplained"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -625,10 +635,12 @@ def triage_sentence(triaged: pd.DataFrame) -> str:
         return ""
     reading = triaged["reading"].astype(str)
     design = int(reading.str.contains("by design").sum())
+    own_mask = int(reading.str.contains("own mask").sum())
     documented = int(reading.str.contains("documented").sum())
     missed = int(reading.str.startswith("not reproduced").sum())
     unexplained = int(triaged["unexplained"].astype(bool).sum())
     groups = [(design, "mixes", "mix", "positions outside masked attention by design"),
+              (own_mask, "builds", "build", "its own mask from the token ids, for left padding"),
               (documented, "is", "are", "documented as taking no attention mask"),
               (missed, "is", "are", "not reproduced by the direct check"),
               (unexplained, "remains", "remain", "unexplained")]
