@@ -4,9 +4,11 @@ on the right positions on hand-built weights (ties and the first row included), 
 their edges, that training is deterministic and learns the task, and every error path."""
 
 import itertools
+from dataclasses import replace
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -162,3 +164,37 @@ def test_start_spread_words(q_var, k_var, std, start):
 def test_start_spread_words_errors(args, message):
     with pytest.raises(ValueError, match=message):
         toy.start_spread_words(*args)
+
+
+def test_the_unscaled_head_multiplies_the_scores_by_sqrt_dk():
+    cfg = toy.RunningMaxConfig(d_k=64)
+    tokens = toy.running_max_batch(4, cfg, torch.Generator().manual_seed(0))
+    scaled = toy.make_model(cfg).scores(tokens)
+    unscaled = toy.make_model(replace(cfg, scaled=False)).scores(tokens)
+    torch.testing.assert_close(unscaled, scaled * 8.0)
+
+
+def test_scale_sentence_follows_the_runs_at_its_edges():
+    def runs(on, off, sd_on=0.3, sd_off=5.0):
+        rows = [{"scaled": True, "seed": i, "start_sd": sd_on, "accuracy": a} for i, a in enumerate(on)]
+        rows += [{"scaled": False, "seed": i, "start_sd": sd_off, "accuracy": a} for i, a in enumerate(off)]
+        return pd.DataFrame(rows)
+
+    text = toy.scale_sentence(runs([1.0, 1.0], [0.93, 0.98]), 256)
+    assert text.startswith("At d_k = 256 the unscaled scores start with a standard deviation of about 5.0, "
+                           "against 0.3 with the factor.")
+    assert text.endswith("every run reached accuracy 1.000; without it, the same steps reached only 0.930 to "
+                         "0.980.")
+    assert "the unscaled runs did better" in toy.scale_sentence(runs([0.9], [0.95]), 256)
+    assert "The accuracies overlap" in toy.scale_sentence(runs([0.9, 1.0], [0.95]), 256)
+    with pytest.raises(ValueError, match="with and without"):
+        toy.scale_sentence(runs([1.0], [])[lambda f: f.scaled], 256)
+
+
+def test_scale_comparison_trains_both_heads_from_the_same_seeds():
+    cfg = toy.RunningMaxConfig(steps=3, n_test=50)
+    losses, summary = toy.scale_comparison(cfg, seeds=(0, 1))
+    assert list(summary.scaled) == [True, True, False, False] and list(summary.seed) == [0, 1, 0, 1]
+    assert len(losses) == 4 * 3 and summary.start_sd[2] > summary.start_sd[0]
+    with pytest.raises(ValueError, match="seeds"):
+        toy.scale_comparison(cfg, seeds=())

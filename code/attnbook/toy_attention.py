@@ -28,9 +28,10 @@ Use::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -40,7 +41,8 @@ from .masking import masked_softmax
 
 __all__ = ["RunningMaxConfig", "running_max_batch", "running_max", "TinySelfAttention", "make_model",
            "train_running_max", "share_on_running_max", "evaluate", "REPORT_LABELS", "report_table", "score_table",
-           "value_table", "key_ranking", "share_words", "start_spread_words"]
+           "value_table", "key_ranking", "share_words", "start_spread_words", "scale_comparison",
+           "scale_sentence", "plot_scale_comparison"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class RunningMaxConfig:
     ``n_digits`` tokens 0..n_digits-1, sequences of ``seq_len``; embeddings of ``d_model``, queries, keys and values
     of ``d_k``; ``steps`` Adam steps at ``lr`` on fresh batches of ``batch_size``; ``seed`` fixes the initial weights
     and the training data, ``test_seed`` the ``n_test`` test sequences. Training runs on ``threads`` torch threads,
-    so that two builds give identical numbers.
+    so that two builds give identical numbers. ``scaled``: divide the scores by ``sqrt(d_k)`` (Eq. eq-sdpa); False
+    only to show what the factor does (chapter 3, "The scale in training").
     """
 
     n_digits: int = 10
@@ -64,6 +67,7 @@ class RunningMaxConfig:
     test_seed: int = 1
     n_test: int = 1000
     threads: int = 1
+    scaled: bool = True
 
     def __post_init__(self):
         for name in ("n_digits", "seq_len", "d_model", "d_k", "steps", "batch_size", "n_test", "threads"):
@@ -94,8 +98,9 @@ class TinySelfAttention(nn.Module):
     the prediction at position i is ``out(sum_j a_ij v_j)``.
     """
 
-    def __init__(self, n_digits: int, d_model: int, d_k: int):
+    def __init__(self, n_digits: int, d_model: int, d_k: int, scaled: bool = True):
         super().__init__()
+        self.scaled = scaled
         self.embed = nn.Embedding(n_digits, d_model)
         self.W_Q = nn.Linear(d_model, d_k, bias=False)
         self.W_K = nn.Linear(d_model, d_k, bias=False)
@@ -104,10 +109,12 @@ class TinySelfAttention(nn.Module):
         self.attention_weights: Tensor | None = None
 
     def scores(self, tokens: Tensor) -> Tensor:
-        """``Q K^T / sqrt(d_k)`` of ``tokens`` ``(batch, n)``: float32 ``(batch, n, n)``, before any mask."""
+        """``Q K^T / sqrt(d_k)`` of ``tokens`` ``(batch, n)`` (``Q K^T`` when built with ``scaled=False``): float32
+        ``(batch, n, n)``, before any mask."""
         x = self.embed(tokens)
         q, k = self.W_Q(x), self.W_K(x)
-        return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = q @ k.transpose(-1, -2)
+        return scores / math.sqrt(q.shape[-1]) if self.scaled else scores
 
     def forward(self, tokens: Tensor, causal: bool = True) -> Tensor:
         scores = self.scores(tokens)
@@ -120,7 +127,7 @@ def make_model(cfg: RunningMaxConfig) -> TinySelfAttention:
     """The untrained model of ``cfg``: torch's default initialization after ``torch.manual_seed(cfg.seed)`` (the
     starting point of :func:`train_running_max`)."""
     torch.manual_seed(cfg.seed)
-    return TinySelfAttention(cfg.n_digits, cfg.d_model, cfg.d_k)
+    return TinySelfAttention(cfg.n_digits, cfg.d_model, cfg.d_k, scaled=cfg.scaled)
 
 
 def train_running_max(cfg: RunningMaxConfig) -> tuple[TinySelfAttention, list[float]]:
@@ -291,3 +298,83 @@ def report_table(report: dict[str, float], digits: int = 3):
     import pandas as pd
 
     return pd.Series(report).rename(REPORT_LABELS).round(digits).to_frame("small demonstration")
+
+
+def scale_comparison(cfg: RunningMaxConfig, seeds=(0, 1, 2)) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Train the head of ``cfg`` with and without the ``1/sqrt(d_k)`` factor, once per seed (the seed fixes the
+    initial weights and the data, the same for both). Chapter 3, section "The scale in training".
+
+    Returns ``(losses, summary)``: ``losses`` has columns ``scaled`` (bool), ``seed``, ``step`` and ``loss``;
+    ``summary`` one row per run with ``scaled``, ``seed``, ``start_sd`` (the standard deviation of the untrained
+    head's scores on the test sequences), ``loss_end`` (mean loss of the last 20 steps) and ``accuracy`` (on the
+    ``n_test`` test sequences, causal mask on).
+
+    Raises:
+        ValueError: ``seeds`` is empty.
+    """
+    import pandas as pd
+
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ValueError("seeds must not be empty")
+    test = running_max_batch(cfg.n_test, cfg, torch.Generator().manual_seed(cfg.test_seed))
+    losses, rows = [], []
+    for scaled in (True, False):
+        for seed in seeds:
+            run = replace(cfg, scaled=scaled, seed=seed)
+            with torch.no_grad():
+                start_sd = float(make_model(run).scores(test).std())
+            model, curve = train_running_max(run)
+            with torch.no_grad():
+                accuracy = evaluate(model, test)["accuracy"]
+            losses.append(pd.DataFrame({"scaled": scaled, "seed": seed, "step": np.arange(1, len(curve) + 1),
+                                        "loss": curve}))
+            rows.append({"scaled": scaled, "seed": seed, "start_sd": start_sd,
+                         "loss_end": float(np.mean(curve[-20:])), "accuracy": accuracy})
+    return pd.concat(losses, ignore_index=True), pd.DataFrame(rows)
+
+
+def scale_sentence(summary: pd.DataFrame, d_k: int) -> str:
+    """What :func:`scale_comparison`'s ``summary`` shows, in one or two sentences chosen by the data: the scores'
+    spread at the start, and the accuracies reached with and without the factor.
+
+    Raises:
+        ValueError: ``summary`` lacks the scaled or the unscaled runs.
+    """
+    by = {k: g for k, g in summary.groupby("scaled")}
+    if set(by) != {True, False}:
+        raise ValueError("summary needs runs with and without the factor")
+    on, off = by[True], by[False]
+    start = (f"At d_k = {d_k} the unscaled scores start with a standard deviation of about "
+             f"{off.start_sd.mean():.1f}, against {on.start_sd.mean():.1f} with the factor.")
+
+    def span(acc):
+        lo, hi = acc.min(), acc.max()
+        return f"{lo:.3f}" if lo == hi else f"{lo:.3f} to {hi:.3f}"
+
+    if off.accuracy.max() < on.accuracy.min():
+        return (start + f" With the factor every run reached accuracy {span(on.accuracy)}; without it, the same "
+                f"steps reached only {span(off.accuracy)}.")
+    if off.accuracy.min() > on.accuracy.max():
+        return start + (f" Here the unscaled runs did better: accuracy {span(off.accuracy)}, against "
+                        f"{span(on.accuracy)} with the factor.")
+    return start + (f" The accuracies overlap: {span(on.accuracy)} with the factor, {span(off.accuracy)} without "
+                    "it.")
+
+
+def plot_scale_comparison(losses: pd.DataFrame, d_k: int):
+    """The training loss of every run of :func:`scale_comparison`, with and without the factor (log scale)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    for scaled, color, label in ((True, "C0", "scaled by 1/√d_k"), (False, "C3", "unscaled")):
+        for k, (_, run) in enumerate(losses[losses.scaled == scaled].groupby("seed")):
+            ax.plot(run.step, run.loss.clip(lower=1e-6), color=color, lw=1, alpha=0.8,
+                    label=label if k == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"one head, d_k = {d_k}")
+    ax.legend()
+    fig.tight_layout()
+    return fig
