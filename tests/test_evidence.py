@@ -77,3 +77,15 @@ def test_provenance_of_every_chapter_with_stores():
     assert evidence.provenance_table(1).empty and evidence.sessions_table(1).empty
     sessions = evidence.sessions_table(5)
     assert sessions.columns[0] == "store" and (sessions.store == "masking_full").all()
+
+
+def test_tables_show_counts_as_counts_and_every_missing_cell_as_a_dash():
+    """A count that pandas widened to float (one session did not record it) reads 46, not 46.0; a missing value
+    reads "–" whether it is NaN, None or pd.NA; a measurement keeps its decimals."""
+    frame = pd.DataFrame({"runs added": [46.0, float("nan")], "workers": [None, 2],
+                          "threads": pd.array([1, None], dtype="Int64"), "wall time (min)": [25.5, 3.0]})
+    html = evidence.table_html(frame)
+    assert "<td>46</td>" in html and "46.0" not in html
+    assert "None" not in html and "&lt;NA&gt;" not in html and "<NA>" not in html
+    assert html.count("<td>–</td>") == 3 and "<td>25.5</td>" in html
+    assert evidence.table_html(pd.DataFrame()).startswith("<table")

@@ -153,9 +153,31 @@ def summary_table(runs: pd.DataFrame, by: str | Sequence[str], value: str, *, in
     return pd.DataFrame(rows, columns=["condition", "mean", column, "runs"])
 
 
+def _plain_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with counts as counts and every missing cell as a dash: a float column whose values are all whole
+    numbers becomes integers (a count that pandas widened to float because one value was missing), and a missing
+    value in any other column (``None``, ``pd.NA``) becomes "–", as NaN does in :func:`table_html`."""
+    columns = []
+    for j in range(frame.shape[1]):
+        col = frame.iloc[:, j]
+        if pd.api.types.is_float_dtype(col) and col.notna().any():
+            values = col.dropna().to_numpy(float)
+            if np.all(np.isfinite(values)) and np.all(values == np.round(values)):
+                col = col.astype("Int64")
+        if not pd.api.types.is_float_dtype(col) and col.isna().any():
+            col = col.astype(object).where(col.notna(), "–")
+        columns.append(col)
+    if not columns:
+        return frame
+    out = pd.concat(columns, axis=1)
+    out.columns = frame.columns
+    return out
+
+
 def table_html(frame: pd.DataFrame, *, index: bool = False, classes: str = "table evidence") -> str:
-    """``frame`` as a plain HTML table (no pandas index unless ``index``; NaN shown as a dash)."""
-    return frame.to_html(index=index, border=0, classes=classes, na_rep="–", escape=True)
+    """``frame`` as a plain HTML table (no pandas index unless ``index``): whole-number floats as integers, and
+    every missing cell (NaN, ``None``, ``pd.NA``) as a dash (:func:`_plain_cells`)."""
+    return _plain_cells(frame).to_html(index=index, border=0, classes=classes, na_rep="–", escape=True)
 
 
 def show(frame: pd.DataFrame, *, index: bool = False) -> None:
@@ -168,7 +190,7 @@ def show(frame: pd.DataFrame, *, index: bool = False) -> None:
 #: The rows of :func:`provenance_table`: a field of :func:`attnbook.ledger.summarize` and the reader's words for it.
 PROVENANCE_LABELS = {
     "backs": "what it backs", "runs": "runs (rows)", "seeds": "seeds", "mode": "mode", "sizes": "sizes",
-    "devices": "device", "versions": "library versions (last session)", "commits": "commit",
+    "devices": "device", "versions": "library versions (session that last wrote the record)", "commits": "commit",
     "first": "first day (UTC)", "last": "last day (UTC)", "wall_h": "wall time (h)", "sessions": "sessions",
     "backends": "ran with", "command": "to make it again",
 }

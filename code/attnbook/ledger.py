@@ -251,7 +251,7 @@ def sessions_table(store: Store, folder: str | Path | None = None) -> pd.DataFra
             "backend": s.get("backend") or store.engine, "runs added": s.get("runs_added"),
             "wall time (min)": round(float(s.get("wall_time_s") or 0.0) / 60, 1),
             "status": (STATUS_WORDS.get(s.get("status"), s.get("status"))
-                       or ("merged" if s.get("merged_from") else "")),
+                       or ("merged" if s.get("merged_from") else "not recorded")),
             "commit": short_commit(s.get("commit")),
         })
     return pd.DataFrame(rows)
