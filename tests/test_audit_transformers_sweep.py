@@ -275,3 +275,33 @@ def test_a_model_that_builds_its_own_mask_is_not_read_as_mixing_positions():
     text = sweep.triage_sentence(_triaged([False, False], [reading, "chunked attention by design"]))
     assert text == ("Of the 2 entries the audit flagged, 1 mixes positions outside masked attention by design and 1 "
                     "builds its own mask from the token ids, for left padding.")
+
+
+def test_the_sweep_table_counts_flagged_entries_by_what_the_triage_read():
+    """Every row of the chapter's table is a root cause: the flagged entries are split by their triage reading
+    (caller, design, unexplained), and the rows still add up to the audited entries."""
+    table = pd.DataFrame({"entry": ["causal-lm:a", "causal-lm:b", "causal-lm:c", "causal-lm:d"],
+                          "model_type": ["a", "b", "c", "d"],
+                          "cause": ["flagged: right padding", "flagged: right padding",
+                                    "flagged: left padding with position_ids", "none"],
+                          "half": ["pass"] * 4})
+    triaged = _triaged([False, False, True], [sweep.NOTES["cpmant"][0], "chunked attention by design",
+                                              "unexplained: a candidate upstream bug, reported upstream"])
+    triaged["entry"] = ["causal-lm:a", "causal-lm:b", "causal-lm:c"]
+    counts = sweep.cause_counts(table, triaged).set_index("cause")
+    assert counts.loc[sweep.READINGS["own mask"][0], "side"] == "caller"
+    assert counts.loc[sweep.READINGS["by design"][0], "entries"] == 1
+    assert counts.loc[sweep.READINGS["unexplained"][0], "side"] == "library"
+    assert counts.drop(index="of these, failed in fp16 or bf16 (any cause)").entries.sum() == 4
+    assert not any(c.startswith("differs") for c in counts.index)   # no symptom row left
+    with pytest.raises(ValueError, match="without a triage reading"):
+        sweep.cause_counts(table, triaged.iloc[:1])
+    # without the triage, the flags stay one row each (the chapter's table before the triage ran)
+    assert "flagged, triaged below" in set(sweep.cause_counts(table).side)
+
+
+def test_a_reported_candidate_says_so_and_a_crashed_direct_check_confirms_nothing():
+    reported = _triaged([True], ["unexplained: a candidate upstream bug, reported upstream"])
+    text = sweep.headline(pd.DataFrame({"cause": ["none", "x"]}), reported)
+    assert text.endswith("a candidate upstream bug, already reported upstream.")
+    assert "prophetnet" in sweep.REPORTS and sweep.REPORTS["prophetnet"][1].startswith("https://github.com/")
