@@ -141,7 +141,7 @@ def answer_table(frame: pd.DataFrame, arms: tuple[Arm, ...] = ARMS, *, value: st
         :func:`paired_table` (``condition, baseline, n_pairs, device_kind,
         mean_baseline, mean_condition, mean_diff, ci_low, ci_high, n_better, n_worse, n_equal, p_value, p_holm,
         rank_biserial, primary, verdict``), and for each side (``_condition``,
-        ``_baseline``) the means over the paired seeds of ``pad_mass``, ``flip_in`` (re-pad inside the training
+        ``_baseline``) the means over all runs of that condition on the table's kind of device of ``pad_mass``, ``flip_in`` (re-pad inside the training
         distribution), ``flip_stress`` (re-pad to twice the training maximum) and ``tokens_per_s``. An arm with
         fewer than 2 paired seeds has NaN statistics; ``p_holm`` is NaN for the primary arm and for arms that are
         not yet answered.
@@ -185,7 +185,8 @@ def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: st
         Columns ``condition, baseline, n_pairs, device_kind``, the paired statistics of ``value``
         (:func:`attnbook.stats.compare_paired`: ``mean_baseline, mean_condition, mean_diff, ci_low, ci_high,
         p_value, rank_biserial, n_better, n_worse, n_equal``; NaN with fewer than 2 paired seeds), for each entry
-        ``key: column`` of ``sides`` the means of ``column`` over the paired seeds as ``key_condition`` and
+        ``key: column`` of ``sides`` the means of ``column`` over all the condition's runs on that kind of device
+        (not only the paired seeds: a condition has one value in every row) as ``key_condition`` and
         ``key_baseline`` (NaN where not measured), ``primary`` (the pair's ``primary`` attribute, False without
         one), ``p_holm`` (Holm over the answered secondary rows, NaN for the others) and ``verdict``
         (:func:`verdict`: a primary row by its interval, a secondary row by its interval and ``p_holm``).
@@ -206,9 +207,13 @@ def paired_table(frame: pd.DataFrame, pairs, sides: dict[str, str], *, value: st
                                    comparisons=[pair.condition], n_resamples=n_resamples, seed=seed).iloc[0]
             stats = {k: table[k] for k in stats}
         row.update(stats)
+        # a condition's own measurements (pad mass, flips, speed) describe the condition, not the pair: the mean
+        # over all its runs on the table's kind of device, so that one condition has one value in every row
+        on_kind = frame[frame.device_kind == kind] if kind else frame.iloc[:0]
         for key, column in sides.items():
             for side in ("condition", "baseline"):
-                values = runs.loc[runs.condition == getattr(pair, side), column] if column in runs else pd.Series()
+                values = (on_kind.loc[on_kind.condition == getattr(pair, side), column] if column in on_kind
+                          else pd.Series())
                 row[f"{key}_{side}"] = float(values.mean()) if values.notna().any() else np.nan
         row["primary"] = bool(getattr(pair, "primary", False))
         row["verdict"] = verdict(n, row["ci_low"], row["ci_high"], min_pairs)   # before the correction
