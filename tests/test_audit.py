@@ -119,6 +119,33 @@ def test_neg_inf_fill_gives_nan_on_the_empty_row_only():
     detail = row(report, "empty_row").detail
     assert "NaN or infinite" in detail and f"{D} NaN or infinite of {D} outputs" in detail
     assert "the other rows are unchanged" in detail
+    assert row(report, "empty_row").nan_in == "empty row"  # the NaN stays in the row without tokens
+    assert set(report.checks.loc[report.checks["check"] != "empty_row", "nan_in"]) == {""}
+
+
+class SpreadsNaN(nn.Module):
+    """The -inf pooling, then 0 times the batch's sum added to every row: exact while every output is finite, and
+    an empty row's NaN reaches every row (0 * NaN = NaN), as a masked key's NaN value does in chapter 10."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool = Pooling("-inf")
+
+    def forward(self, ids, mask):
+        out = self.pool(ids, mask)
+        return out + 0.0 * out.sum(0, keepdim=True)
+
+
+def test_a_nan_that_reaches_real_tokens_is_told_from_one_that_stays_in_the_empty_row():
+    report = audit(SpreadsNaN(), vocab_size=V)
+    assert report.failed == ["empty_row"]
+    found = row(report, "empty_row")
+    assert found.nan_in == "real tokens" and "NaN or infinite outputs" in found.detail
+
+
+@pytest.mark.parametrize("nan_in, side", [("", "library"), ("empty row", "contract"), ("real tokens", "library")])
+def test_the_nan_rule_at_each_place(nan_in, side):
+    assert registry.nan_rule(nan_in) == side
 
 
 def test_the_book_unsafe_pooling_is_flagged_and_its_safe_ones_pass():
@@ -138,8 +165,10 @@ def test_minus_1e9_fill_passes_in_fp32_and_fails_in_fp16(fill):
     detail = row(report, "low_precision").detail
     if fill == "-1e9":  # masked_fill refuses a value that overflows fp16
         assert "fp16: forward raised RuntimeError" in detail and "overflow" in detail
-    else:  # the cast overflows to -inf, and the empty row becomes 0/0
+        assert row(report, "low_precision").nan_in == ""  # an error, not a NaN
+    else:  # the cast overflows to -inf, and the empty row becomes 0/0; the real rows stay finite
         assert "fp16: " in detail and "NaN or infinite outputs" in detail
+        assert row(report, "low_precision").nan_in == "empty row"
     assert "bf16: largest difference" in detail  # bf16 has fp32's range: -1e9 fits
 
 
@@ -389,14 +418,15 @@ def test_every_cause_names_a_subject_and_check_and_links_upstream_or_to_the_book
                 assert registry.ROOT_CAUSES[cause.root_cause][0] == "book"
             else:  # an upstream thread, or the documentation or source that states the requirement
                 assert cause.url.startswith("https://"), (subject, check)
-                assert registry.ROOT_CAUSES[cause.root_cause][0] in ("caller", "contract", "library")
-    assert {category for category, _ in registry.ROOT_CAUSES.values()} <= set(registry.CATEGORIES)
+                assert registry.ROOT_CAUSES[cause.root_cause][0] in ("caller", "library", registry.NAN_RULE)
+    assert {category for category, _ in registry.ROOT_CAUSES.values()} <= {*registry.CATEGORIES, registry.NAN_RULE}
 
 
 def test_the_citations_corrected_in_issue_47():
     """#160064 is a per-head attn_mask case (the general empty row is #41508); the CPU-autocast error is #107663
     (#191916's bug is on XPU); BERT's advice to pad on the right is its documentation's; x-transformers#185 concerns
-    the decoder; d2l-en#2423 concerns empty rows, not fp16; a maintainer called GPT-2's case a bug."""
+    the decoder; d2l-en#2423 concerns empty rows, not fp16; GPT-2's left padding is its documented requirement (its
+    tips), whatever a maintainer once called the direct call (the evidence page keeps that history)."""
     urls = {(s, c): cause.url for s, causes in registry.CAUSES.items() for c, cause in causes.items()}
     assert not any("160064" in u or "191916" in u or "20068" in u or "2423" in u for u in urls.values())
     assert urls[("torch-mha-weights-train", "empty_row")].endswith("/issues/41508")
@@ -404,7 +434,9 @@ def test_the_citations_corrected_in_issue_47():
     assert "huggingface.co/docs" in urls[("hf-bert-left", "batch_equivalence")]
     assert "185" not in urls[("xt-encoder-left", "batch_equivalence")]
     assert urls[("xt-decoder-left", "batch_equivalence")].endswith("/issues/185")
-    assert registry.CAUSES["hf-gpt2-left"]["batch_equivalence"].kind == "bug"
+    gpt2 = registry.CAUSES["hf-gpt2-left"]["batch_equivalence"]
+    assert gpt2.kind == "by design" and "bug" not in gpt2.why
+    assert registry.ROOT_CAUSES[gpt2.root_cause][0] == "caller"
 
 
 def test_the_d2l_recipe_matches_its_description():
@@ -464,7 +496,7 @@ def test_command_line_help_and_a_small_run(tmp_path):
     done = subprocess.run([*run, "--only", "torch-sdpa,d2l", "--seeds", "2", "--lengths", "7,3,12,1",
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 1, done.stderr  # the d2l recipe fails low_precision
-    assert "2 subjects, 4 runs" in done.stdout and "[library] a mask fill of -1e6 overflows fp16" in done.stdout
+    assert "2 subjects, 4 runs" in done.stdout and "[contract] the recipe's fill of -1e6 overflows fp16" in done.stdout
     table = pd.read_csv(out)
     assert set(table["subject"]) == {"torch-sdpa", "d2l-masked-softmax"} and set(table["seed"]) == {0, 1}
     assert {"mode", "max_rel_diff"} <= set(table.columns) and set(table["mode"]) == {"grad"}
@@ -489,15 +521,18 @@ def test_command_line_errors(argv, message, capsys):
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_one_kernel_is_one_root_cause_and_one_softmax_is_another():
-    """The fused fast path's masked softmax gives NaN for a query with no key: on an empty row, and, under a causal
-    mask with left padding, in the real tokens of the next layer. One kernel, one root cause, library behaviour
-    (pytorch/pytorch#190486). The weights path's own softmax (#41508) is a different one, and a contract choice."""
-    fast = {registry.CAUSES[s][c].root_cause for s, c in
-            [("torch-mha-fastpath", "empty_row"), ("torch-encoder-fastpath", "empty_row"),
-             ("torch-encoder-causal-fastpath", "empty_row"), ("torch-encoder-causal-fastpath", CAUSAL_CHECK)]}
-    weights = {registry.CAUSES[s]["empty_row"].root_cause for s in
-               ("torch-mha-weights-train", "torch-mha-weights-eval")}
-    assert len(fast) == 1 and len(weights) == 1 and fast != weights
-    assert registry.ROOT_CAUSES[fast.pop()][0] == "library"
-    assert registry.ROOT_CAUSES[weights.pop()][0] == "contract"
+def test_the_nan_rule_sorts_the_fast_paths_two_symptoms_by_where_the_nan_was_measured():
+    """The fused fast path's masked softmax gives NaN for a query with no key (pytorch/pytorch#190486). On an empty
+    row the NaN stays there: a contract choice, like the weights path's (#41508). Under a causal mask with left
+    padding it reaches the real tokens of the next layer: library behaviour. The side comes from the measured
+    ``nan_in``, not from a label."""
+    results = registry.run_registry(registry.select("torch-encoder-causal-fastpath"))
+    explained = registry.explain(results).set_index("check")
+    assert explained.loc["empty_row", ["nan_in", "category"]].tolist() == ["empty row", "contract"]
+    assert explained.loc[CAUSAL_CHECK, ["nan_in", "category"]].tolist() == ["real tokens", "library"]
+    for root in ("empty-row-nan", "fastpath-empty-row-nan", "fastpath-causal-nan", "fp16-fill-overflow"):
+        assert registry.ROOT_CAUSES[root][0] == registry.NAN_RULE
+    # the same failure, stored with the NaN elsewhere or without the column, changes side by the rule
+    failed = results[(results.check == "empty_row")].assign(nan_in="real tokens")
+    assert registry.explain(failed)["category"].tolist() == ["library"]
+    assert registry.explain(failed.drop(columns="nan_in"))["category"].tolist() == ["library"]

@@ -232,6 +232,7 @@ def test_triage_counts_as_unexplained_only_what_the_direct_check_reproduces_with
     assert t.loc["causal-lm:c", "audit"] == "NaN"
     assert t.loc["masked-lm:fnet", "described in"].startswith("[FNet's usage tips](https://huggingface.co/")
     assert t.loc["masked-lm:fnet", "attention_mask in signature"] == "no"
+    assert t.loc["masked-lm:fnet", "basis"] == "documentation" and t.loc["causal-lm:a", "basis"] == "the direct check"
     with pytest.raises(KeyError):
         sweep.triage(table, long, {})
 
@@ -289,7 +290,7 @@ def test_the_sweep_table_counts_flagged_entries_by_what_the_triage_read():
                                               "unexplained: a candidate upstream bug, reported upstream"])
     triaged["entry"] = ["causal-lm:a", "causal-lm:b", "causal-lm:c"]
     counts = sweep.cause_counts(table, triaged).set_index("cause")
-    assert counts.loc[sweep.READINGS["own mask"][0], "side"] == "caller"
+    assert counts.loc[sweep.READINGS["own mask"][0], "side"] == "design"  # read in its source, not documented
     assert counts.loc[sweep.READINGS["by design"][0], "entries"] == 1
     assert counts.loc[sweep.READINGS["unexplained"][0], "side"] == "library"
     assert counts.drop(index="of these, failed in fp16 or bf16 (any cause)").entries.sum() == 4
@@ -302,6 +303,19 @@ def test_the_sweep_table_counts_flagged_entries_by_what_the_triage_read():
 
 def test_a_reported_candidate_says_so_and_a_crashed_direct_check_confirms_nothing():
     reported = _triaged([True], ["unexplained: a candidate upstream bug, reported upstream"])
-    text = sweep.headline(pd.DataFrame({"cause": ["none", "x"]}), reported)
-    assert text.endswith("a candidate upstream bug, already reported upstream.")
+    table = pd.DataFrame({"cause": ["none", "x"]})
+    assert sweep.headline(table, reported).endswith("a candidate upstream bug, reported upstream.")
+    reported["described in"] = "[transformers#24289 (closed)](https://github.com/x)"
+    assert sweep.headline(table, reported).endswith("reported upstream in a thread that is now closed.")
+    two = _triaged([True, True], ["unexplained: a candidate upstream bug, reported upstream"] * 2)
+    two["described in"] = ["[a (closed)](u)", "[b](v)"]
+    assert sweep.headline(table, two).endswith("candidate upstream bugs, reported upstream (1 of the threads now "
+                                               "closed).")
+    # a model page's design, with a direct check that raised, is unconfirmed: counted apart from "by design"
+    raised = "chunked attention by design (the direct check raised RuntimeError, so it confirms nothing)"
+    assert sweep._reading_key(raised) == "confirms nothing"
+    assert sweep.READINGS["confirms nothing"][1] == "unconfirmed"
+    text = sweep.triage_sentence(_triaged([False, False], [raised, "chunked attention by design"]))
+    assert text == ("Of the 2 entries the audit flagged, 1 mixes positions outside masked attention by design and 1 "
+                    "is unconfirmed (its direct check raised).")
     assert "prophetnet" in sweep.REPORTS and sweep.REPORTS["prophetnet"][1].startswith("https://github.com/")

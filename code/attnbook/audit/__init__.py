@@ -89,7 +89,7 @@ __all__ = ["audit", "assert_padding_safe", "AuditReport", "CHECKS", "CAUSAL_CHEC
            "MODES", "PADDING_SIDES", "OUTPUTS", "COLUMNS", "NOT_DETERMINISTIC", "default_tolerance"]
 
 #: The columns of :attr:`AuditReport.checks`.
-COLUMNS = ["check", "mode", "passed", "max_abs_diff", "max_rel_diff", "detail"]
+COLUMNS = ["check", "mode", "passed", "max_abs_diff", "max_rel_diff", "detail", "nan_in"]
 #: The row that replaces a mode's checks when two calls on the same batch differ.
 DETERMINISM = "deterministic"
 #: Its detail starts with this sentence.
@@ -104,8 +104,10 @@ class AuditReport:
         checks: one row per check and grad mode, columns :data:`COLUMNS`: ``check`` (str), ``mode`` (str, one of
             :data:`MODES`), ``passed`` (bool), ``max_abs_diff`` (float: the largest ``|output - reference|`` over
             the real outputs compared; NaN when an output compared was not finite or the forward raised),
-            ``max_rel_diff`` (float: ``max_abs_diff`` over the reference's scale) and ``detail`` (str, one sentence
-            on what was seen). When the forward is not deterministic in a mode, that mode has one row, check
+            ``max_rel_diff`` (float: ``max_abs_diff`` over the reference's scale), ``detail`` (str, one sentence
+            on what was seen) and ``nan_in`` (str: where outputs were NaN or infinite, ``""``, ``"empty row"`` or
+            ``"real tokens"``; see :attr:`attnbook.audit.checks.Result.nan_in`). When the forward is not
+            deterministic in a mode, that mode has one row, check
             ``"deterministic"``, instead of its checks.
         settings: the audit's arguments and the resolved tolerances (lengths, padded length, padding side, output,
             seed, atol, rtol, scale, dtype, modes, ...).
@@ -424,7 +426,7 @@ def audit(forward: Callable[[Tensor, Tensor], Tensor], lengths: Sequence[int] = 
         [{"check": name, "mode": mode, "passed": bool(r.passed), "max_abs_diff": float(r.max_abs_diff),
           "max_rel_diff": float(r.max_rel_diff if r.max_rel_diff is not None
                                 else _relative(r.max_abs_diff, settings["scale"])),
-          "detail": r.detail} for name, mode, r in rows], columns=COLUMNS)
+          "detail": r.detail, "nan_in": r.nan_in} for name, mode, r in rows], columns=COLUMNS)
     return AuditReport(table, settings)
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["CHECKS", "OPTIONAL_CHECKS", "ALIASES", "MODES", "PADDING_SIDES", "OUTPUTS", "CHECK_FUNCTIONS",
-           "Result", "Run", "Batches", "ForwardRaised", "WrongLength", "default_tolerance", "polarity_hint"]
+           "Result", "NAN_PLACES", "Run", "Batches", "ForwardRaised", "WrongLength", "default_tolerance", "polarity_hint"]
 
 #: The checks every audit runs, in order.
 CHECKS = ("batch_equivalence", "extra_padding", "pad_content", "empty_row")
@@ -62,12 +62,25 @@ class Result:
             (NaN when an output compared was not finite, or the forward raised; 0.0 when nothing was compared).
         detail: one sentence on what was seen.
         max_rel_diff: ``max_abs_diff`` divided by the reference's scale (filled in by the audit when left None).
+        nan_in: where outputs were NaN or infinite: ``""`` nowhere (or the forward raised), ``"empty row"`` only in
+            the row without a real token, ``"real tokens"`` in a real token's output. Chapter 10's rule reads it: a
+            NaN that stays in the row without tokens is a contract choice, one that reaches a real token is not.
     """
 
     passed: bool
     max_abs_diff: float
     detail: str
     max_rel_diff: float | None = None
+    nan_in: str = ""
+
+
+#: The values of :attr:`Result.nan_in`, from nowhere to the worst.
+NAN_PLACES = ("", "empty row", "real tokens")
+
+
+def _worse(a: str, b: str) -> str:
+    """The worse of two :attr:`Result.nan_in` values."""
+    return max(a, b, key=NAN_PLACES.index)
 
 
 class ForwardRaised(Exception):
@@ -247,7 +260,7 @@ class Run:
             parts.append(f"{_rows(off)} {what} (largest at row {max(off, key=lambda i: diffs[i].value)})")
         if nan_rows:
             parts.append(f"{_rows(nan_rows)}: NaN or infinite outputs")
-        return Result(False, worst, "; ".join(parts))
+        return Result(False, worst, "; ".join(parts), nan_in="real tokens" if nan_rows else "")
 
 
 # --- the checks ---------------------------------------------------------------------------------------------------
@@ -284,8 +297,10 @@ def empty_row(run: Run) -> Result:
     bad = _nonfinite(empty)
     if bad:
         return Result(False, result.max_abs_diff,
-                      f"the empty row gives {bad} NaN or infinite of {empty.numel()} outputs; {result.detail}")
-    return Result(result.passed, result.max_abs_diff, "the empty row is finite; " + result.detail)
+                      f"the empty row gives {bad} NaN or infinite of {empty.numel()} outputs; {result.detail}",
+                      nan_in=_worse(result.nan_in, "empty row"))
+    return Result(result.passed, result.max_abs_diff, "the empty row is finite; " + result.detail,
+                  nan_in=result.nan_in)
 
 
 def causal_left_padding(run: Run) -> Result:
@@ -320,7 +335,7 @@ def low_precision(run: Run) -> Result:
         with_empty = False
     if not with_empty:  # a NaN or an error that fp32 has too is empty_row's failure, not this check's
         ids, mask = run.data.batch()
-    passed, worst, notes = True, 0.0, []
+    passed, worst, notes, nan_in = True, 0.0, [], ""
     for name, dtype in _LOW_PRECISION:
         try:
             with torch.autocast(device_type=run.device.type, dtype=dtype):
@@ -329,10 +344,15 @@ def low_precision(run: Run) -> Result:
             passed, worst = False, math.nan
             notes.append(f"{name}: {raised.describe()}")
             continue
-        bad = sum(_nonfinite(run.real(out, i, run.length)) for i in run.non_empty)
-        bad += _nonfinite(out[len(run.lengths)]) if with_empty else 0
+        bad_real = sum(_nonfinite(run.real(out, i, run.length)) for i in run.non_empty)
+        bad_empty = _nonfinite(out[len(run.lengths)]) if with_empty else 0
+        bad = bad_real + bad_empty
         diffs = run.compare(out, run.length)
         diff = max((d.value for d in diffs.values()), default=0.0)
+        if bad_real or math.isnan(diff):
+            nan_in = "real tokens"
+        elif bad_empty:
+            nan_in = _worse(nan_in, "empty row")
         if bad or math.isnan(diff):
             passed, worst = False, math.nan
             notes.append(f"{name}: {bad} NaN or infinite outputs")
@@ -342,7 +362,7 @@ def low_precision(run: Run) -> Result:
         notes.append(f"{name}: largest difference {diff / scale:.1e} of the largest output")
     if not with_empty:
         notes.append("without the empty row (fp32 fails on it too)")
-    return Result(passed, worst, "; ".join(notes))
+    return Result(passed, worst, "; ".join(notes), nan_in=nan_in)
 
 
 def mask_read(run: Run) -> Result:

@@ -152,10 +152,10 @@ def differences_figure(results: pd.DataFrame, checks: Sequence[str], rtol: float
 ROOT_WORDS = {
     "left-padding-positions": "left padding without position_ids",
     "empty-row-nan": "NaN for a row with no real token (the weights path)",
-    "fastpath-empty-row-nan": "NaN from the fast path for a query with no key (empty rows; real tokens under a "
-                              "causal mask with left padding)",
+    "fastpath-empty-row-nan": "NaN for a row with no real token (the fused fast path)",
+    "fastpath-causal-nan": "NaN that reaches real tokens (the fused fast path, a causal mask, left padding)",
     "cpu-autocast-fastpath": "an error of the fast path under CPU autocast",
-    "fp16-fill-overflow": "a fill constant that overflows fp16",
+    "fp16-fill-overflow": "NaN for a row with no real token in fp16 (d2l's fill constant overflows)",
 }
 #: Whose side each category of root cause is on, as the chapter words it.
 SIDE_WORDS = {"caller": "the caller's documented requirement", "contract": "a contract choice",

@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import CAUSAL_CHECK, CHECKS, OPTIONAL_CHECKS, audit
+from .checks import NAN_PLACES
 
-__all__ = ["Subject", "Cause", "SUBJECTS", "CAUSES", "MECHANISMS", "ROOT_CAUSES", "CATEGORIES", "LIBRARIES", "VOCAB", "subject_names", "select",
+__all__ = ["Subject", "Cause", "SUBJECTS", "CAUSES", "MECHANISMS", "ROOT_CAUSES", "CATEGORIES", "NAN_RULE", "nan_rule", "LIBRARIES", "VOCAB", "subject_names", "select",
            "library_versions", "run_subject", "run_registry", "wide_table", "cell", "explain", "failures", "by_root_cause",
            "EXPLAIN_COLUMNS",
            "not_reproduced", "d2l_masked_softmax"]
@@ -116,18 +117,37 @@ CATEGORIES = {
     "book": "the book's own conditions, broken on purpose",
 }
 
-#: ``{root_cause: (category, summary)}``: one entry per cause, however many subjects and checks it fails.
+#: The category of the root causes that chapter 10's NaN rule sorts failure by failure (:func:`nan_rule`).
+NAN_RULE = "by the NaN rule"
+
+
+def nan_rule(nan_in: str) -> str:
+    """Chapter 10's rule for a NaN, the same for every library: a NaN that stays in the row without tokens is a
+    contract choice (``"contract"``: the row has no answer, and NaN says so); one that reaches a real token's output
+    (or any failure of such a cause without a NaN) is library behaviour (``"library"``).
+
+    Args:
+        nan_in: where the failing runs gave NaN or infinite outputs, the worst of their
+            :attr:`attnbook.audit.checks.Result.nan_in`: ``""``, ``"empty row"`` or ``"real tokens"``.
+    """
+    return "contract" if nan_in == "empty row" else "library"
+
+
+#: ``{root_cause: (category, summary)}``: one entry per cause, however many subjects and checks it fails. A
+#: category of :data:`NAN_RULE` is decided for each failure by :func:`nan_rule`, from where its NaN was measured.
 ROOT_CAUSES = {
-    "empty-row-nan": ("contract", "the weights path's own softmax gives a query with no key NaN (0/0), where SDPA "
-                                  "gives zeros"),
+    "empty-row-nan": (NAN_RULE, "the weights path's own softmax gives a query with no key NaN (0/0), where SDPA "
+                                "gives zeros"),
     "left-padding-positions": ("caller", "left padding without position_ids from the mask: the pads shift "
                                          "every real token's position"),
-    "fastpath-empty-row-nan": ("library", "the fused fast path's masked softmax gives a query with no key NaN, where "
-                                          "SDPA gives zeros: on an empty row, and, under a causal mask with left "
-                                          "padding, in every real token of the next layer"),
+    "fastpath-empty-row-nan": (NAN_RULE, "the fused fast path's masked softmax gives a query with no key NaN, "
+                                         "where SDPA gives zeros"),
+    "fastpath-causal-nan": (NAN_RULE, "under a causal mask with left padding a left pad's query has no key; the "
+                                      "fast path's NaN for it reaches every real token in the next layer"),
     "cpu-autocast-fastpath": ("library", "the fast path runs under CPU autocast with fp32 weights and "
                                          "half-precision inputs, and raises"),
-    "fp16-fill-overflow": ("library", "a mask fill of -1e6 overflows fp16 and an empty row becomes 0/0"),
+    "fp16-fill-overflow": (NAN_RULE, "the recipe's fill of -1e6 overflows fp16, and a row without tokens, "
+                                     "uniform in fp32, becomes 0/0"),
     "book-index-positions": ("book", "index positions under left padding (chapter 8's condition)"),
     "book-unmasked": ("book", "no mask: the pads take part (chapters 5 and 8's condition)"),
     "book-packed-empty-row": ("book", "the packed BiGRU refuses a row without a token"),
@@ -478,8 +498,8 @@ _AUTOCAST = ("the fast-path check misses CPU autocast, so the fused kernel gets 
              "inputs, and raises")
 _ABSOLUTE = "absolute positions count the pads, so left padding shifts every real token's position"
 _BERT_TIP = (_ABSOLUTE + "; BERT's documentation advises padding on the right")
-_GPT2 = (_ABSOLUTE + "; generate() passes position_ids from the mask, a direct call must (a maintainer called the "
-         "direct call's result a bug)")
+_GPT2 = (_ABSOLUTE + "; GPT-2's documentation advises padding on the right, and generate() builds position_ids "
+         "from the mask, which a direct call must do itself")
 _XT = _ABSOLUTE + "; TransformerWrapper takes seq_start_pos (the number of leading pads) to shift them back"
 _D2L_FP16 = ("-1e6 is below fp16's range (-65504): the fill becomes -inf, and the valid_len = 0 row, uniform in "
              "fp32, becomes 0/0 = NaN")
@@ -501,11 +521,12 @@ def _shifted(why: str = _ABSOLUTE, url: str = "", ref: str = "", kind: str = "by
 
 
 _EMPTY_ROW_WEIGHTS = Cause("by design", "path", _TORCH_NAN, _PT + "issues/41508", root_cause="empty-row-nan")
-# one kernel, two symptoms, one root cause: the fast path's masked softmax (pytorch/pytorch#190486, "a silent
-# divergence" from SDPA); the weights path's NaN (#41508) is a different softmax, and a contract choice
+# one kernel, two symptoms, which the NaN rule sorts apart: the fast path's masked softmax (pytorch/pytorch#190486,
+# "a silent divergence" from SDPA) gives an empty row NaN that stays there, and, under a causal mask with left
+# padding, NaN that reaches the real tokens; the weights path's NaN (#41508) is a different softmax
 _EMPTY_ROW_FASTPATH = Cause("by design", "path", _FASTPATH_NAN, _PT + "pull/190486",
                             root_cause="fastpath-empty-row-nan")
-_CAUSAL = Cause("bug", "path", _CAUSAL_NAN, _PT + "pull/190486", root_cause="fastpath-empty-row-nan")
+_CAUSAL = Cause("bug", "path", _CAUSAL_NAN, _PT + "pull/190486", root_cause="fastpath-causal-nan")
 
 #: ``CAUSES[subject_key][check]``: why that subject fails that check, with the upstream thread (or, where none
 #: exists, the documentation that states the requirement).
@@ -519,7 +540,7 @@ CAUSES: dict[str, dict[str, Cause]] = {
     "torch-encoder-nested": {"low_precision": Cause("bug", "path", _AUTOCAST, _PT + "issues/107663",
                                                     root_cause="cpu-autocast-fastpath")},
     "hf-bert-left": _shifted(_BERT_TIP, _BERT_DOCS),
-    "hf-gpt2-left": _shifted(_GPT2, _HF + "issues/21080", kind="bug"),
+    "hf-gpt2-left": _shifted(_GPT2, "https://huggingface.co/transformers/v4.11.3/model_doc/gpt2.html"),
     "xt-encoder-left": _shifted(_XT, _XTURL + "blob/main/x_transformers/x_transformers.py"),
     "xt-decoder-left": _shifted(_XT, _XTURL + "issues/185"),
     "d2l-masked-softmax": {
@@ -663,9 +684,11 @@ def wide_table(results: pd.DataFrame, checks: Sequence[str] | None = None) -> pd
 
 def failures(results: pd.DataFrame) -> pd.DataFrame:
     """One row per failed (subject, check), over all runs: ``subject, name, library, check, mode, runs_failed, runs,
-    max_abs_diff, max_rel_diff, detail`` (the largest differences of the failing runs, and the detail of the first
-    one)."""
+    max_abs_diff, max_rel_diff, detail, nan_in`` (the largest differences of the failing runs, the detail of the
+    first one, and the worst place a NaN reached in any of them; ``""`` for results stored without ``nan_in``)."""
     rows = []
+    if "nan_in" not in results.columns:
+        results = results.assign(nan_in="")
     for (key, check), group in results.groupby(["subject", "check"], sort=False):
         failed = group[~group["passed"].astype(bool)]
         if failed.empty:
@@ -673,30 +696,35 @@ def failures(results: pd.DataFrame) -> pd.DataFrame:
         rows.append({"subject": key, "name": group["name"].iloc[0], "library": group["library"].iloc[0],
                      "check": check, "mode": ", ".join(dict.fromkeys(str(m) for m in failed["mode"])),
                      "runs_failed": len(failed), "runs": len(group), "max_abs_diff": failed["max_abs_diff"].max(),
-                     "max_rel_diff": failed["max_rel_diff"].max(), "detail": failed["detail"].iloc[0]})
+                     "max_rel_diff": failed["max_rel_diff"].max(), "detail": failed["detail"].iloc[0],
+                     "nan_in": max(failed["nan_in"].fillna("").astype(str), key=NAN_PLACES.index)})
     return pd.DataFrame(rows, columns=["subject", "name", "library", "check", "mode", "runs_failed", "runs",
-                                       "max_abs_diff", "max_rel_diff", "detail"])
+                                       "max_abs_diff", "max_rel_diff", "detail", "nan_in"])
 
 
 #: The columns of :func:`explain`.
 EXPLAIN_COLUMNS = ["subject", "name", "library", "check", "mode", "kind", "mechanism", "root_cause", "category",
-                   "why", "url", "ref", "known"]
+                   "nan_in", "why", "url", "ref", "known"]
 
 
 def explain(results: pd.DataFrame) -> pd.DataFrame:
     """The failures (:func:`failures`) with their causes from :data:`CAUSES`: columns :data:`EXPLAIN_COLUMNS`.
     ``root_cause`` is a key of :data:`ROOT_CAUSES` and ``category`` one of :data:`CATEGORIES` (``"caller"``,
-    ``"contract"``, ``"library"``, ``"book"``); ``known`` is False (``kind`` and ``category`` "unexplained") for a
+    ``"contract"``, ``"library"``, ``"book"``): the root cause's, or, for a root cause of :data:`NAN_RULE`, the
+    one :func:`nan_rule` gives the failure's measured ``nan_in``. ``known`` is False (``kind`` and ``category`` "unexplained") for a
     failure that :data:`CAUSES` does not list."""
     table = failures(results)
     rows = []
     for row in table.itertuples(index=False):
         cause = CAUSES.get(row.subject, {}).get(row.check)
         root = cause.root_cause if cause else ""
+        category = ROOT_CAUSES[root][0] if root else "unexplained"
+        if category == NAN_RULE:
+            category = nan_rule(row.nan_in)
         rows.append({"subject": row.subject, "name": row.name, "library": row.library, "check": row.check,
                      "mode": row.mode, "kind": cause.kind if cause else "unexplained",
                      "mechanism": cause.mechanism if cause else "", "root_cause": root,
-                     "category": ROOT_CAUSES[root][0] if root else "unexplained",
+                     "category": category, "nan_in": row.nan_in,
                      "why": cause.why if cause else row.detail, "url": cause.url if cause else "",
                      "ref": cause.ref if cause else "", "known": cause is not None})
     return pd.DataFrame(rows, columns=EXPLAIN_COLUMNS)

@@ -516,9 +516,13 @@ def summary(records: list[dict]) -> pd.DataFrame:
 
 
 #: How :func:`cause_counts` splits the flagged entries by what :func:`triage` read, in this order (the first whose
-#: key the reading contains): ``key -> (the chapter's words, whose side)``.
+#: key the reading contains): ``key -> (the chapter's words, whose side)``. A reading whose direct check raised
+#: comes first: a model page that describes a design confirms nothing without a check that ran.
 READINGS: dict[str, tuple[str, str]] = {
-    "own mask": ("flagged; builds its own mask from the token ids, for left padding: pad on the left", "caller"),
+    "confirms nothing": ("flagged; the direct check raised, so nothing is confirmed (its model page describes a "
+                         "design that could explain it)", "unconfirmed"),
+    "own mask": ("flagged; builds its own mask from the token ids, for left padding (read in its source, not "
+                 "documented)", "design"),
     "documented": ("flagged; takes no attention mask, as documented: one fixed length", "caller"),
     "by design": ("flagged; mixes positions outside masked attention, by design", "design"),
     "not reproduced": ("flagged; not reproduced by a direct check", "not reproduced"),
@@ -573,25 +577,30 @@ def cause_counts(table: pd.DataFrame, triaged: pd.DataFrame | None = None) -> pd
 
 
 #: What a candidate's documentation asks of the caller, or what its design does that mixes positions outside masked
-#: attention, keyed by model type: ``(reading, label, url)`` (``url`` empty where no page was read for it).
-NOTES: dict[str, tuple[str, str, str]] = {
+#: attention, keyed by model type: ``(reading, label, url, basis)``; ``basis`` says what the reading rests on (the
+#: documentation, a model page, an upstream test's reason for a skip, or the source code alone).
+NOTES: dict[str, tuple[str, str, str, str]] = {
     "deepseek_v4": ("pools windows of tokens before the mask, so left padding folds pads into its pooled key-value "
                     "entries: by design, as a skipped upstream test says", "transformers#45938",
-                    "https://github.com/huggingface/transformers/issues/45938"),
+                    "https://github.com/huggingface/transformers/issues/45938", "an upstream test's skip reason"),
     "cpmant": ("builds its own mask from input_ids != 0, for left padding (its attention_mask is a dummy "
                "parameter): pad on the left with id 0", "CPM-Ant's forward (source)",
                "https://github.com/huggingface/transformers/blob/main/src/transformers/models/cpmant/"
-               "modeling_cpmant.py"),
+               "modeling_cpmant.py", "the source code only"),
     "fnet": ("takes no attention mask: documented (use one fixed length, pads included)", "FNet's usage tips",
-             "https://huggingface.co/docs/transformers/model_doc/fnet"),
+             "https://huggingface.co/docs/transformers/model_doc/fnet", "documentation"),
     "nystromformer": ("approximate attention by design (landmarks averaged over segments)",
-                      "Nyströmformer's model page", "https://huggingface.co/docs/transformers/model_doc/nystromformer"),
-    "yoso": ("approximate attention by design (hashing)", "YOSO's model page", "https://huggingface.co/docs/transformers/model_doc/yoso"),
-    "reformer": ("chunked attention by design", "Reformer's model page", "https://huggingface.co/docs/transformers/model_doc/reformer"),
-    "convbert": ("a convolution over the sequence by design", "ConvBERT's model page", "https://huggingface.co/docs/transformers/model_doc/convbert"),
+                      "Nyströmformer's model page", "https://huggingface.co/docs/transformers/model_doc/nystromformer",
+                      "model page"),
+    "yoso": ("approximate attention by design (hashing)", "YOSO's model page",
+             "https://huggingface.co/docs/transformers/model_doc/yoso", "model page"),
+    "reformer": ("chunked attention by design", "Reformer's model page",
+                 "https://huggingface.co/docs/transformers/model_doc/reformer", "model page"),
+    "convbert": ("a convolution over the sequence by design", "ConvBERT's model page",
+                 "https://huggingface.co/docs/transformers/model_doc/convbert", "model page"),
 }
 #: Upstream reports of the same failure that do not explain it (an entry stays unexplained, and the report is
-#: cited), keyed by model type: ``(label, url)``.
+#: cited), keyed by model type: ``(label, url)``. The label says whether the thread is open or closed.
 REPORTS: dict[str, tuple[str, str]] = {
     "prophetnet": ("transformers#24289 (closed)", "https://github.com/huggingface/transformers/issues/24289"),
 }
@@ -613,7 +622,9 @@ def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, 
         direct check repeats), ``audit`` (the largest relative difference there), ``direct`` (the direct check's on
         that side), ``attention_mask in signature``, ``position_ids in signature`` (whether the forward has the
         argument, not whether it uses it: CPM-Ant's is a dummy), ``reading`` (documented, by design, not
-        reproduced directly, or unexplained), ``described in`` (a Markdown link, or ``"none cited"``) and
+        reproduced directly, or unexplained), ``basis`` (what the reading rests on: documentation, a model page,
+        an upstream test's skip reason, the source code only, or the direct check; with "(the direct check
+        raised)" where it could not run), ``described in`` (a Markdown link, or ``"none cited"``) and
         ``unexplained`` (bool: reproduced directly and neither documented nor by design).
 
     Raises:
@@ -630,27 +641,29 @@ def triage(table: pd.DataFrame, long: pd.DataFrame, direct: dict[str, dict[str, 
         check = direct[r.entry]
         value = check[side]
         reproduced = not isinstance(value, str) and value > DIRECT_TOLERANCE
-        reading, label, url = NOTES.get(r.model_type, ("", "", ""))
+        reading, label, url, basis = NOTES.get(r.model_type, ("", "", "", ""))
         if reading and isinstance(value, str):
             reading += f" (the direct check raised {value}, so it confirms nothing)"
+            basis += " (the direct check raised)"
         if not reading:
             reading = ("unexplained: a candidate upstream bug" if reproduced else
                        f"not reproduced directly ({'the direct call raised' if isinstance(value, str) else 'passes'})")
+            basis = "the direct check"
             if r.model_type in REPORTS:
                 label, url = REPORTS[r.model_type]
                 reading += ", reported upstream"
+                basis += "; a matching upstream report"
         fp32 = "; ".join(part for part in str(r.failed).split("; ") if part.split(":")[0] in FP32_CONDITIONS)
         rows.append({"entry": r.entry, "failing checks": fp32, "side": side,
                      "audit": "NaN" if pd.isna(audit_diff) else f"{audit_diff:.1e}",
                      "direct": value if isinstance(value, str) else f"{value:.1e}",
                      "attention_mask in signature": "yes" if check.get("attention_mask") else "no",
                      "position_ids in signature": "yes" if check.get("position_ids") else "no",
-                     "reading": reading,
+                     "reading": reading, "basis": basis,
                      "described in": f"[{label}]({url})" if url else "none cited",
                      "unexplained": bool(reproduced and r.model_type not in NOTES)})
     columns = ["entry", "failing checks", "side", "audit", "direct", "attention_mask in signature",
-               "position_ids in signature",
-               "reading", "described in", "unexplained"]
+               "position_ids in signature", "reading", "basis", "described in", "unexplained"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -666,34 +679,49 @@ def headline(table: pd.DataFrame, triaged: pd.DataFrame) -> str:
     if n == 0:
         raise ValueError("no entry of the sweep was audited")
     k = int(triaged["unexplained"].astype(bool).sum()) if len(triaged) else 0
-    reported = (int((triaged["unexplained"].astype(bool)
-                     & triaged["reading"].astype(str).str.contains("reported upstream")).sum()) if len(triaged) else 0)
     if k == 0:
         return (f"none of the {n} audited entries differs in a way that neither the documentation nor the design "
                 f"explains.")
+    flags = triaged["unexplained"].astype(bool) & triaged["reading"].astype(str).str.contains("reported upstream")
+    reported = int(flags.sum())
+    labels = triaged["described in"] if "described in" in triaged else pd.Series("", index=triaged.index)
+    closed = int((flags & labels.astype(str).str.contains("(closed)", regex=False)).sum())
+    if reported == 0:
+        told = ""
+    elif reported == k:
+        told = (", reported upstream in a thread that is now closed" if closed == k == 1 else
+                f", reported upstream ({closed} of the threads now closed)" if closed else ", reported upstream")
+    else:
+        told = f", {reported} of them reported upstream"
     return (f"{k} of the {n} audited entries {'differs' if k == 1 else 'differ'} in a way that neither the "
             f"documentation nor the design explains, and a direct check reproduces {'it' if k == 1 else 'each'}: "
-            f"{'a candidate upstream bug' if k == 1 else 'candidate upstream bugs'}"
-            + ("" if reported == 0 else ", already reported upstream" if reported == k
-               else f", {reported} of them already reported upstream") + ".")
+            f"{'a candidate upstream bug' if k == 1 else 'candidate upstream bugs'}{told}.")
+
+
+#: How :func:`triage_sentence` words each reading of :data:`READINGS`, in the sentence's order:
+#: ``key -> (verb for one, verb for several, what)``.
+_TRIAGE_WORDS = {
+    "by design": ("mixes", "mix", "positions outside masked attention by design"),
+    "own mask": ("builds", "build", "its own mask from the token ids, for left padding"),
+    "documented": ("is", "are", "documented as taking no attention mask"),
+    "confirms nothing": ("is", "are", "unconfirmed (its direct check raised)"),
+    "not reproduced": ("is", "are", "not reproduced by the direct check"),
+    "unexplained": ("remains", "remain", "unexplained"),
+}
 
 
 def triage_sentence(triaged: pd.DataFrame) -> str:
-    """How :func:`triage` read the flagged entries, in one sentence (``""`` when none was flagged)."""
+    """How :func:`triage` read the flagged entries, in one sentence (``""`` when none was flagged). Each entry is
+    counted by the same reading as in :func:`cause_counts` (:data:`READINGS`), so the sentence and the table agree.
+    """
     if triaged.empty:
         return ""
-    reading = triaged["reading"].astype(str)
-    design = int(reading.str.contains("by design").sum())
-    own_mask = int(reading.str.contains("own mask").sum())
-    documented = int(reading.str.contains("documented").sum())
-    missed = int(reading.str.startswith("not reproduced").sum())
-    unexplained = int(triaged["unexplained"].astype(bool).sum())
-    groups = [(design, "mixes", "mix", "positions outside masked attention by design"),
-              (own_mask, "builds", "build", "its own mask from the token ids, for left padding"),
-              (documented, "is", "are", "documented as taking no attention mask"),
-              (missed, "is", "are", "not reproduced by the direct check"),
-              (unexplained, "remains", "remain", "unexplained")]
-    parts = [f"{k} {one if k == 1 else many} {what}" for k, one, many, what in groups if k]
+    keys = triaged["reading"].astype(str).map(_reading_key)
+    parts = []
+    for key, (one, many, what) in _TRIAGE_WORDS.items():
+        k = int((keys == key).sum())
+        if k:
+            parts.append(f"{k} {one if k == 1 else many} {what}")
     body = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     n = len(triaged)
     return f"Of the {n} {'entry' if n == 1 else 'entries'} the audit flagged, {body}."
