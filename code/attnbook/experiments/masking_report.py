@@ -97,17 +97,12 @@ _SIDES = {"pad_mass": "pad_mass", "flip_in": "flip_rate_in", "flip_stress": "fli
           "tokens_per_s": "tokens_per_s"}
 
 
-def _paired(frame: pd.DataFrame, arm, kind: str | None = None) -> pd.DataFrame:
-    """The runs of ``arm``'s two conditions on one kind of device, restricted to the seeds that ran in both: on
-    ``kind`` when given, else on the kind with more paired seeds (GPU on a tie)."""
-    best = frame.iloc[:0]
-    for k in ("gpu", "cpu") if kind is None else (kind,):
-        runs = frame[frame.condition.isin([arm.condition, arm.baseline]) & (frame.device_kind == k)]
-        seeds = runs.groupby("seed").condition.nunique()
-        runs = runs[runs.seed.isin(seeds[seeds == 2].index)]
-        if runs.seed.nunique() > best.seed.nunique():
-            best = runs
-    return best
+def _paired(frame: pd.DataFrame, arm, kind: str) -> pd.DataFrame:
+    """The runs of ``arm``'s two conditions on ``kind`` of device (``"gpu"`` or ``"cpu"``, as
+    :func:`table_device_kind` chose), restricted to the seeds that ran in both."""
+    runs = frame[frame.condition.isin([arm.condition, arm.baseline]) & (frame.device_kind == kind)]
+    seeds = runs.groupby("seed").condition.nunique()
+    return runs[runs.seed.isin(seeds[seeds == 2].index)]
 
 
 def table_device_kind(frame: pd.DataFrame, pairs, min_pairs: int = MIN_PAIRS) -> str:
