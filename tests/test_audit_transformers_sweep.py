@@ -92,6 +92,7 @@ def test_the_command_writes_three_files_and_resumes_from_its_partial_file(tmp_pa
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["n_entries"] == 2 and record["n_audited"] == 1 and record["libraries"]["transformers"]
     assert {"torch", "python", "commit", "date_utc", "wall_time_s", "device"} <= set(record)
+    assert record["triage"] == []  # a whole run triages its flagged entries too (here none is flagged)
     assert "## Entries not built small" in out.with_suffix(".md").read_text()
     assert not out.with_suffix(".partial.jsonl").exists()
 

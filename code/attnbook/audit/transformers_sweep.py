@@ -912,11 +912,17 @@ def main(argv: list[str] | None = None) -> int:
                         causes=table["cause"].value_counts().to_dict(),
                         command="python -m attnbook.audit --transformers "
                                 + " ".join(sys.argv[1:] if argv is None else argv))
+    long = long_table(records)
     buffer = io.StringIO()
-    long_table(records).to_csv(buffer, index=False, float_format="%.4g")
+    long.to_csv(buffer, index=False, float_format="%.4g")
     atomic_write_text(args.out, buffer.getvalue())
-    atomic_write_text(args.out.with_suffix(".md"), markdown(table, record))
-    write_provenance(args.out.with_suffix(".json"), {**record, "summary": table.to_dict("records")})
+    # the flagged entries, checked directly with the model and read against their documentation (as --reclassify)
+    known = {e.key: e for e in selected}
+    flagged = table[table["cause"].astype(str).str.startswith(FLAGGED)]
+    triaged = triage(table, long, {key: direct_check(known[key]) for key in flagged["entry"]})
+    atomic_write_text(args.out.with_suffix(".md"), markdown(table, record, triaged))
+    write_provenance(args.out.with_suffix(".json"), {**record, "summary": table.to_dict("records"),
+                                                     "triage": triaged.to_dict("records")})
     partial.unlink(missing_ok=True)
     print(table["cause"].value_counts().to_string())
     print(f"\n{audited} of {len(selected)} entries audited; {wall:.0f} s. Wrote {args.out} and its .md and .json.")
