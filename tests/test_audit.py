@@ -146,6 +146,7 @@ def test_a_nan_that_reaches_real_tokens_is_told_from_one_that_stays_in_the_empty
 @pytest.mark.parametrize("nan_in, side", [("", "library"), ("empty row", "contract"), ("real tokens", "library")])
 def test_the_nan_rule_at_each_place(nan_in, side):
     assert registry.nan_rule(nan_in) == side
+    assert registry.nan_rule(nan_in, half_precision_only=True) == "library"  # an overflow, not an answer
 
 
 def test_the_book_unsafe_pooling_is_flagged_and_its_safe_ones_pass():
@@ -496,7 +497,7 @@ def test_command_line_help_and_a_small_run(tmp_path):
     done = subprocess.run([*run, "--only", "torch-sdpa,d2l", "--seeds", "2", "--lengths", "7,3,12,1",
                            "--out", str(out)], capture_output=True, text=True)
     assert done.returncode == 1, done.stderr  # the d2l recipe fails low_precision
-    assert "2 subjects, 4 runs" in done.stdout and "[contract] the recipe's fill of -1e6 overflows fp16" in done.stdout
+    assert "2 subjects, 4 runs" in done.stdout and "[library] the recipe's fill of -1e6 overflows fp16" in done.stdout
     table = pd.read_csv(out)
     assert set(table["subject"]) == {"torch-sdpa", "d2l-masked-softmax"} and set(table["seed"]) == {0, 1}
     assert {"mode", "max_rel_diff"} <= set(table.columns) and set(table["mode"]) == {"grad"}
@@ -536,3 +537,6 @@ def test_the_nan_rule_sorts_the_fast_paths_two_symptoms_by_where_the_nan_was_mea
     failed = results[(results.check == "empty_row")].assign(nan_in="real tokens")
     assert registry.explain(failed)["category"].tolist() == ["library"]
     assert registry.explain(failed.drop(columns="nan_in"))["category"].tolist() == ["library"]
+    # d2l's fp16 NaN stays in the empty row, but fp32 gives that row uniform weights: an overflow, not an answer
+    d2l = registry.explain(registry.run_registry(registry.select("d2l"))).set_index("check")
+    assert d2l.loc["low_precision", ["nan_in", "category"]].tolist() == ["empty row", "library"]

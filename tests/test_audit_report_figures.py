@@ -20,11 +20,11 @@ def test_root_cause_sentence_words_each_side_once_and_counts_configurations():
         ("caller", "left-padding-positions", "s", 4, 2, 8), ("contract", "empty-row-nan", "s", 5, 1, 5),
         ("library", "fp16-fill-overflow", "s", 1, 1, 1), ("library", "new-cause", "its summary", 1, 2, 2),
         ("book", "book-unmasked", "s", 2, 3, 5)))
-    assert list(table["whose side"]) == ["the caller's documented requirement", "a contract choice",
+    assert list(table["whose side"]) == ["the caller's requirement", "a contract choice",
                                          "library behaviour", "library behaviour"]
     assert table["root cause"].iloc[-1] == "its summary"
     assert rf.root_cause_sentence(table) == (
-        "Their failures have four root causes, each counted once: one is the caller's documented requirement, "
+        "Their failures have four root causes, each counted once: one is the caller's requirement, "
         "one a contract choice, and two are library behaviour.")
 
 
@@ -70,14 +70,14 @@ def test_side_sentence_counts_configurations_per_side_at_its_edges():
     table = explained(("a", "library", "x"), ("a", "contract", "empty"), ("b", "library", "y"),
                       ("c", "caller", "pos"), ("d", "caller", "pos"), ("e", "contract", "empty"))
     assert rf.side_sentence(table) == (
-        "Two show a library's own behaviour (two root causes); two leave out the caller's documented requirement, "
+        "Two show a library's own behaviour (two root causes); two leave out what the library asks of the caller, "
         "and two meet the contract for a row without tokens, a choice rather than a bug.")
     one = explained(("a", "library", "x"), ("b", "caller", "p"), ("c", "contract", "e"))
     assert rf.side_sentence(one) == (
-        "One shows a library's own behaviour (one root cause); one leaves out the caller's documented requirement, "
+        "One shows a library's own behaviour (one root cause); one leaves out what the library asks of the caller, "
         "and one meets the contract for a row without tokens, a choice rather than a bug.")
     assert rf.side_sentence(explained()) == (
-        "None shows a library's own behaviour; none leaves out the caller's documented requirement, and none "
+        "None shows a library's own behaviour; none leaves out what the library asks of the caller, and none "
         "meets the contract for a row without tokens, a choice rather than a bug.")
     with pytest.raises(ValueError, match="a failure has no known root cause"):
         rf.side_sentence(explained(("a", "unexplained", "")))

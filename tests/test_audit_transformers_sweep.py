@@ -305,13 +305,13 @@ def test_the_sweep_table_counts_flagged_entries_by_what_the_triage_read():
 def test_a_reported_candidate_says_so_and_a_crashed_direct_check_confirms_nothing():
     reported = _triaged([True], ["unexplained: a candidate upstream bug, reported upstream"])
     table = pd.DataFrame({"cause": ["none", "x"]})
-    assert sweep.headline(table, reported).endswith("a candidate upstream bug, reported upstream.")
+    assert sweep.headline(table, reported).endswith("a candidate upstream bug, matching an earlier upstream report.")
     reported["described in"] = "[transformers#24289 (closed)](https://github.com/x)"
-    assert sweep.headline(table, reported).endswith("reported upstream in a thread that is now closed.")
+    assert sweep.headline(table, reported).endswith("matching an earlier upstream report that is now closed.")
     two = _triaged([True, True], ["unexplained: a candidate upstream bug, reported upstream"] * 2)
     two["described in"] = ["[a (closed)](u)", "[b](v)"]
-    assert sweep.headline(table, two).endswith("candidate upstream bugs, reported upstream (1 of the threads now "
-                                               "closed).")
+    assert sweep.headline(table, two).endswith("candidate upstream bugs, matching earlier upstream reports (1 of "
+                                               "them now closed).")
     # a model page's design, with a direct check that raised, is unconfirmed: counted apart from "by design"
     raised = "chunked attention by design (the direct check raised RuntimeError, so it confirms nothing)"
     assert sweep._reading_key(raised) == "confirms nothing"

@@ -449,7 +449,7 @@ def test_device_sentence_explains_a_machine_that_differs_from_each_run():
     assert text.startswith("All 100 runs ran on one kind of device (CPU (1 thread, x86_64))")
     assert "1 threads" not in text
     assert "Each run used 1 thread and 2 runs ran at a time" in text
-    assert text.endswith("says CPU (2 threads, x86_64).")
+    assert text.endswith("wrote the record, CPU (2 threads, x86_64).")
 
 
 def test_device_sentence_edge_values():

@@ -189,7 +189,7 @@ def show(frame: pd.DataFrame, *, index: bool = False) -> None:
 
 #: The rows of :func:`provenance_table`: a field of :func:`attnbook.ledger.summarize` and the reader's words for it.
 PROVENANCE_LABELS = {
-    "backs": "what it backs", "runs": "runs (rows)", "seeds": "seeds", "mode": "mode", "sizes": "sizes",
+    "backs": "what it backs", "runs": "runs", "seeds": "seeds", "mode": "mode", "sizes": "sizes",
     "devices": "device", "versions": "library versions (session that last wrote the record)", "commits": "commit",
     "first": "first day (UTC)", "last": "last day (UTC)", "wall_h": "wall time (h)", "sessions": "sessions",
     "backends": "ran with", "command": "to make it again",

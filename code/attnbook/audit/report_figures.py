@@ -155,10 +155,11 @@ ROOT_WORDS = {
     "fastpath-empty-row-nan": "NaN for a row with no real token (the fused fast path)",
     "fastpath-causal-nan": "NaN that reaches real tokens (the fused fast path, a causal mask, left padding)",
     "cpu-autocast-fastpath": "an error of the fast path under CPU autocast",
-    "fp16-fill-overflow": "NaN for a row with no real token in fp16 (d2l's fill constant overflows)",
+    "fp16-fill-overflow": "NaN in fp16 for a row with no real token: d2l's fill constant overflows (fp32 gives "
+                          "uniform weights)",
 }
 #: Whose side each category of root cause is on, as the chapter words it.
-SIDE_WORDS = {"caller": "the caller's documented requirement", "contract": "a contract choice",
+SIDE_WORDS = {"caller": "the caller's requirement", "contract": "a contract choice",
               "library": "library behaviour"}
 
 
@@ -195,7 +196,7 @@ def root_cause_sentence(table: pd.DataFrame) -> str:
     """One sentence on :func:`root_cause_table`: how many root causes, and how many on each side.
 
     ``"No configuration failed a check."`` for an empty table; otherwise, e.g. "Their failures have five root
-    causes, each counted once: one is the caller's documented requirement, one a contract choice, and three are
+    causes, each counted once: one is the caller's requirement, one a contract choice, and three are
     library behaviour."
     """
     if table.empty:
@@ -215,7 +216,7 @@ def root_cause_sentence(table: pd.DataFrame) -> str:
 
 def side_sentence(explained: pd.DataFrame) -> str:
     """The answer's count by side: how many configurations show a library's own behaviour (from how many root
-    causes), leave out the caller's documented requirement, or meet the contract for a row without tokens.
+    causes), leave out the caller's requirement, or meet the contract for a row without tokens.
 
     Args:
         explained: :func:`attnbook.audit.subjects.explain` of the configurations counted (columns ``subject``,
@@ -242,7 +243,7 @@ def side_sentence(explained: pd.DataFrame) -> str:
     def who(n: int) -> str:
         return "none" if n == 0 else count_word(n)
 
-    second = f"{who(caller)} {'leave' if caller > 1 else 'leaves'} out the caller's documented requirement"
+    second = f"{who(caller)} {'leave' if caller > 1 else 'leaves'} out what the library asks of the caller"
     third = (f"{who(contract)} {'meet' if contract > 1 else 'meets'} the contract for a row without tokens, a "
              f"choice rather than a bug")
     return f"{first}; {second}, and {third}."

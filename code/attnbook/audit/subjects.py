@@ -111,7 +111,7 @@ MECHANISMS = {
 #: input with no answer (the empty row), a library's or recipe's own behaviour, or one of the book's deliberately
 #: broken conditions.
 CATEGORIES = {
-    "caller": "the caller's documented requirement (the adapter leaves it out)",
+    "caller": "the caller's requirement, stated by the library (the adapter leaves it out)",
     "contract": "a contract for a row with no real token",
     "library": "library or recipe behaviour",
     "book": "the book's own conditions, broken on purpose",
@@ -121,16 +121,20 @@ CATEGORIES = {
 NAN_RULE = "by the NaN rule"
 
 
-def nan_rule(nan_in: str) -> str:
-    """Chapter 10's rule for a NaN, the same for every library: a NaN that stays in the row without tokens is a
-    contract choice (``"contract"``: the row has no answer, and NaN says so); one that reaches a real token's output
-    (or any failure of such a cause without a NaN) is library behaviour (``"library"``).
+def nan_rule(nan_in: str, half_precision_only: bool = False) -> str:
+    """Chapter 10's rule for a NaN, the same for every library. It reads forward outputs, which is what the audit
+    checks (not gradients). A NaN that stays in the row without tokens, and that is the path's answer in the model's
+    own dtype, is a contract choice (``"contract"``: the row has no answer, and NaN says so). A NaN that reaches a
+    real token's output, or that appears only in half precision (an overflow, not an answer: fp32 gave the row
+    finite outputs), is library or recipe behaviour (``"library"``), as is any failure of such a cause without a NaN.
 
     Args:
         nan_in: where the failing runs gave NaN or infinite outputs, the worst of their
             :attr:`attnbook.audit.checks.Result.nan_in`: ``""``, ``"empty row"`` or ``"real tokens"``.
+        half_precision_only: the failure is the ``low_precision`` check's, which includes the empty row only when
+            fp32 gives it finite outputs.
     """
-    return "contract" if nan_in == "empty row" else "library"
+    return "contract" if nan_in == "empty row" and not half_precision_only else "library"
 
 
 #: ``{root_cause: (category, summary)}``: one entry per cause, however many subjects and checks it fails. A
@@ -147,7 +151,7 @@ ROOT_CAUSES = {
     "cpu-autocast-fastpath": ("library", "the fast path runs under CPU autocast with fp32 weights and "
                                          "half-precision inputs, and raises"),
     "fp16-fill-overflow": (NAN_RULE, "the recipe's fill of -1e6 overflows fp16, and a row without tokens, "
-                                     "uniform in fp32, becomes 0/0"),
+                                     "uniform in fp32, becomes 0/0 (an overflow, not an answer)"),
     "book-index-positions": ("book", "index positions under left padding (chapter 8's condition)"),
     "book-unmasked": ("book", "no mask: the pads take part (chapters 5 and 8's condition)"),
     "book-packed-empty-row": ("book", "the packed BiGRU refuses a row without a token"),
@@ -540,7 +544,7 @@ CAUSES: dict[str, dict[str, Cause]] = {
     "torch-encoder-nested": {"low_precision": Cause("bug", "path", _AUTOCAST, _PT + "issues/107663",
                                                     root_cause="cpu-autocast-fastpath")},
     "hf-bert-left": _shifted(_BERT_TIP, _BERT_DOCS),
-    "hf-gpt2-left": _shifted(_GPT2, "https://huggingface.co/transformers/v4.11.3/model_doc/gpt2.html"),
+    "hf-gpt2-left": _shifted(_GPT2, "https://huggingface.co/docs/transformers/v4.45.1/en/model_doc/gpt2"),
     "xt-encoder-left": _shifted(_XT, _XTURL + "blob/main/x_transformers/x_transformers.py"),
     "xt-decoder-left": _shifted(_XT, _XTURL + "issues/185"),
     "d2l-masked-softmax": {
@@ -720,7 +724,7 @@ def explain(results: pd.DataFrame) -> pd.DataFrame:
         root = cause.root_cause if cause else ""
         category = ROOT_CAUSES[root][0] if root else "unexplained"
         if category == NAN_RULE:
-            category = nan_rule(row.nan_in)
+            category = nan_rule(row.nan_in, row.check == "low_precision")
         rows.append({"subject": row.subject, "name": row.name, "library": row.library, "check": row.check,
                      "mode": row.mode, "kind": cause.kind if cause else "unexplained",
                      "mechanism": cause.mechanism if cause else "", "root_cause": root,

@@ -391,7 +391,7 @@ HALF_CONDITIONS = ("fp16", "bf16")
 #: design or a direct check can explain (not yet a bug: see :func:`triage`).
 FLAGGED = "flagged: "
 #: Every cause :func:`classify` gives, in reading order: ``cause -> (the chapter's words, whose side)``. The side is
-#: ``"caller"`` (the caller's documented requirement), ``"design"`` (the model mixes positions by design),
+#: ``"caller"`` (the caller's requirement), ``"design"`` (the model mixes positions by design),
 #: ``"flagged, triaged below"`` (a failure in fp32 that :func:`triage` reads against the model's documentation, its
 #: design and a direct check: only what none of them explains is a candidate upstream bug), ``"not audited"`` or
 #: ``"none"``.
@@ -414,7 +414,7 @@ CAUSES: dict[str, tuple[str, str]] = {
         ("differs under left padding even with position_ids from the mask", "flagged, triaged below"),
     "flagged: right padding": ("differs or gives NaN under right padding in fp32",
                                               "flagged, triaged below"),
-    "forward raised an error": ("the forward raised in a condition: not audited there", "not audited"),
+    "forward raised an error": ("the forward raised in some or all conditions: not audited there", "not audited"),
 }
 
 
@@ -689,8 +689,9 @@ def headline(table: pd.DataFrame, triaged: pd.DataFrame) -> str:
     if reported == 0:
         told = ""
     elif reported == k:
-        told = (", reported upstream in a thread that is now closed" if closed == k == 1 else
-                f", reported upstream ({closed} of the threads now closed)" if closed else ", reported upstream")
+        told = (", matching an earlier upstream report that is now closed" if closed == k == 1 else
+                f", matching earlier upstream reports ({closed} of them now closed)" if closed else
+                ", matching an earlier upstream report" if k == 1 else ", matching earlier upstream reports")
     else:
         told = f", {reported} of them reported upstream"
     return (f"{k} of the {n} audited entries {'differs' if k == 1 else 'differ'} in a way that neither the "

@@ -284,7 +284,7 @@ def device_sentence(devices, n_runs: int, *, threads: int | None = None, workers
         n_runs: how many runs (rows) there are.
         threads: torch threads per run (the record's ``config.threads``), or None if not recorded.
         workers: runs at a time (the record's ``workers``), or None if not recorded.
-        machine: the record's own ``device`` entry, which describes the whole machine; where it differs from
+        machine: the record's own ``device`` entry, the threads of the process that wrote it; where it differs from
             the one per-run device, the sentence says why.
 
     Raises:
@@ -302,8 +302,8 @@ def device_sentence(devices, n_runs: int, *, threads: int | None = None, workers
     text = f"{runs} ran on one kind of device ({devices[0]}), so every pair is a pair on the same device."
     if machine is not None and device_label(machine) != devices[0] and threads and workers:
         text += (f" Each run used {plural(int(threads), 'thread')} and {plural(int(workers), 'run')} ran at a "
-                 f"time, so the table of how the runs were made, which describes the whole machine, says "
-                 f"{device_label(machine)}.")
+                 f"time; the table of how the runs were made gives the threads of the process that wrote the "
+                 f"record, {device_label(machine)}.")
     return text
 
 
