@@ -269,3 +269,13 @@ def test_share_or_none_in_words():
     assert share_or_none(0) == "none" and share_or_none(1) == "all"
     assert share_or_none(0.085) == "8.5%" and share_or_none(0.0001) == "under 0.1%"
     assert share_or_none(0.0001, 2) == "0.01%" and share_or_none(float("nan")) == "not measured"
+
+
+def test_a_conditions_own_measurements_are_the_mean_over_all_its_runs():
+    """The baseline has four more runs than pairs: its pad mass is the mean over all ten of its runs, not over the
+    six paired ones, so one condition has one value in every row that uses it (chapter 5 quotes it once)."""
+    frame = central(6, 0.01, pad_mass=0.1)
+    extra = runs(ARMS[0].baseline, range(6, 10), 0.85, pad_mass=0.2)   # unpaired runs of the baseline
+    row = answer_table(pd.concat([frame, extra], ignore_index=True), n_resamples=999).iloc[0]
+    assert row.n_pairs == 6 and row.pad_mass_baseline == pytest.approx((6 * 0.1 + 4 * 0.2) / 10)
+    assert row.pad_mass_condition == pytest.approx(0.1)

@@ -225,12 +225,6 @@ def test_bucketing_robustness_follows_the_flip_rates():
     assert "did not learn" not in equal and "still does not replace" in equal
     assert "did not measure" in report.bucketing_robustness_text(robust_row(0.08, 0.07, np.nan, 0.001))
     assert "did not measure" in report.bucketing_robustness_text(None)
-    # the random-batch model's pad mass as the page quotes it elsewhere: one value per quantity
-    quoted = report.bucketing_robustness_text(row, detail=True, pad_mass_random=0.0736)
-    assert "more than the 7.4% of the unmasked model" in quoted and "7.3%" not in quoted
-    assert "less than the 9.0%" in report.bucketing_robustness_text(row, detail=True, pad_mass_random=0.09)
-    with pytest.raises(ValueError, match="pad_mass_random"):
-        report.bucketing_robustness_text(row, detail=True, pad_mass_random=7.36)
     assert report.bucketing_robustness_text(row, box=True) == (
         "A model trained on bucketed batches without a mask changed 8 times as many predictions when padded, so "
         "bucketing does not replace the mask.")

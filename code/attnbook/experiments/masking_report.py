@@ -764,13 +764,12 @@ def plot_paired(runs: pd.DataFrame, table: pd.DataFrame, labels: dict | None = N
     return fig
 
 
-def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float, pad_bucketed: float,
-                   pad_mass_random: float | None = None) -> str:
+def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float, pad_bucketed: float) -> str:
     """Chapter 5's explanation of what bucketing does, chosen from three rows of :func:`answer_table`: bucketing
     without a mask (``bucketing``), bucketing with the −∞ mask (``bucketing_masked``: with a packed encoder the pads
     then play no part, so only the make-up of the batches changes) and the mask under bucketed batches
     (``mask_bucketed``); ``pad_random`` and ``pad_bucketed`` are the shares of pads in the training batches
-    (fractions). ``pad_mass_random``: as in :func:`bucketing_robustness_text`.
+    (fractions).
 
     Raises:
         ValueError: a padding share is outside [0, 1].
@@ -789,22 +788,20 @@ def bucketing_text(bucketing, bucketing_masked, mask_bucketed, pad_random: float
                      f"{effect_text(bucketing_masked, 'accuracy')}: the make-up of the batches matters by itself.")
     if masked != "not yet answered":
         parts.append("The runs do not separate how much of bucketing's gain comes from each.")
-    parts.append(bucketing_robustness_text(bucketing, detail=True, pad_mass_random=pad_mass_random))
+    parts.append(bucketing_robustness_text(bucketing, detail=True))
     return " ".join(parts)
 
 
-def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False,
-                              pad_mass_random: float | None = None) -> str:
+def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False) -> str:
     """Whether a model trained on bucketed batches without a mask learned to ignore the pads, chosen from the
     ``bucketing`` row of :func:`answer_table` (bucketed against random batches, no mask, paired on one kind of
     device): its attention mass on pads (``pad_mass_condition`` against ``pad_mass_baseline``) and its flip rate,
     the share of test predictions that change between no padding and padding to the training maximum
     (``flip_in_condition`` against ``flip_in_baseline``), all fractions. ``detail``: also give the pad mass and the
     random-batch model's numbers (chapter 5's results section); without it, one sentence (the conclusions).
-    ``box``: the shortest form, for the answer box. ``pad_mass_random``: the random-batch unmasked model's pad mass
-    as the page quotes it elsewhere (the central comparison's, over its own pairs of the same runs), so that one
-    quantity has one value on the page; ``None`` takes the ``bucketing`` row's. Bucketing never replaces the mask: it
-    removes pads from the batches, not from the model.
+    ``box``: the shortest form, for the answer box. A condition's pad mass is the mean over all its runs on the
+    table's device (:func:`answer_table`), so the random-batch model's here equals the one the rest of the page
+    quotes. Bucketing never replaces the mask: it removes pads from the batches, not from the model.
 
     Raises:
         ValueError: a pad mass or flip rate outside [0, 1].
@@ -814,10 +811,6 @@ def bucketing_robustness_text(bucketing, detail: bool = False, box: bool = False
     for k, x in values.items():
         if np.isfinite(x) and not 0 <= x <= 1:
             raise ValueError(f"{k} must be a share between 0 and 1, got {x}")
-    if pad_mass_random is not None:
-        values["pad_mass_baseline"] = float(pad_mass_random)
-        if np.isfinite(values["pad_mass_baseline"]) and not 0 <= values["pad_mass_baseline"] <= 1:
-            raise ValueError(f"pad_mass_random must be a share between 0 and 1, got {pad_mass_random}")
     pm_b, pm_r, fl_b, fl_r = (values[k] for k in names)
     if box:
         if np.isfinite(fl_b) and np.isfinite(fl_r) and fl_b > fl_r:
