@@ -71,13 +71,13 @@ def test_side_sentence_counts_configurations_per_side_at_its_edges():
                       ("c", "caller", "pos"), ("d", "caller", "pos"), ("e", "contract", "empty"))
     assert rf.side_sentence(table) == (
         "Two show a library's own behaviour (two root causes); two leave out what the library asks of the caller, "
-        "and two meet the contract for a row without tokens, a choice rather than a bug.")
+        "and two get NaN for a row without tokens: a contract choice, not a bug.")
     one = explained(("a", "library", "x"), ("b", "caller", "p"), ("c", "contract", "e"))
     assert rf.side_sentence(one) == (
         "One shows a library's own behaviour (one root cause); one leaves out what the library asks of the caller, "
-        "and one meets the contract for a row without tokens, a choice rather than a bug.")
+        "and one gets NaN for a row without tokens: a contract choice, not a bug.")
     assert rf.side_sentence(explained()) == (
         "None shows a library's own behaviour; none leaves out what the library asks of the caller, and none "
-        "meets the contract for a row without tokens, a choice rather than a bug.")
+        "gets NaN for a row without tokens.")
     with pytest.raises(ValueError, match="a failure has no known root cause"):
         rf.side_sentence(explained(("a", "unexplained", "")))

@@ -216,7 +216,7 @@ def root_cause_sentence(table: pd.DataFrame) -> str:
 
 def side_sentence(explained: pd.DataFrame) -> str:
     """The answer's count by side: how many configurations show a library's own behaviour (from how many root
-    causes), leave out the caller's requirement, or meet the contract for a row without tokens.
+    causes), leave out the caller's requirement, or get NaN for a row without tokens (a contract choice).
 
     Args:
         explained: :func:`attnbook.audit.subjects.explain` of the configurations counted (columns ``subject``,
@@ -244,6 +244,6 @@ def side_sentence(explained: pd.DataFrame) -> str:
         return "none" if n == 0 else count_word(n)
 
     second = f"{who(caller)} {'leave' if caller > 1 else 'leaves'} out what the library asks of the caller"
-    third = (f"{who(contract)} {'meet' if contract > 1 else 'meets'} the contract for a row without tokens, a "
-             f"choice rather than a bug")
+    third = (f"{who(contract)} {'get' if contract > 1 else 'gets'} NaN for a row without tokens"
+             + (": a contract choice, not a bug" if contract else ""))
     return f"{first}; {second}, and {third}."
