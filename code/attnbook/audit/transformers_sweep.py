@@ -832,6 +832,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _triage_flagged(table: pd.DataFrame, long: pd.DataFrame, known: list[Entry]) -> pd.DataFrame:
+    """The flagged entries of ``table``, each checked directly with its model (:func:`direct_check`) and read
+    (:func:`triage`): what a whole run and ``--reclassify`` both store."""
+    by_key = {e.key: e for e in known}
+    flagged = table[table["cause"].astype(str).str.startswith(FLAGGED)]
+    return triage(table, long, {key: direct_check(by_key[key]) for key in flagged["entry"]})
+
+
 def reclassify(out: Path) -> pd.DataFrame:
     """Classify the sweep stored in ``out`` (the CSV, with its .json beside it) again, check its candidates directly
     (:func:`direct_check`, :func:`triage`), and rewrite the .md and the .json's ``summary``, ``causes`` and
@@ -840,10 +848,7 @@ def reclassify(out: Path) -> pd.DataFrame:
     records = records_from_table(long)
     table = summary(records)
     record = json.loads(out.with_suffix(".json").read_text())
-    known = {e.key: e for e in entries()}
-    candidates = table[table["cause"].astype(str).str.startswith(FLAGGED)]
-    direct = {key: direct_check(known[key]) for key in candidates["entry"]}
-    triaged = triage(table, long, direct)
+    triaged = _triage_flagged(table, long, entries())
     for name in ("summary", "causes", "triage"):
         record.pop(name, None)
     record["causes"] = table["cause"].value_counts().to_dict()
@@ -917,10 +922,7 @@ def main(argv: list[str] | None = None) -> int:
     buffer = io.StringIO()
     long.to_csv(buffer, index=False, float_format="%.4g")
     atomic_write_text(args.out, buffer.getvalue())
-    # the flagged entries, checked directly with the model and read against their documentation (as --reclassify)
-    known = {e.key: e for e in selected}
-    flagged = table[table["cause"].astype(str).str.startswith(FLAGGED)]
-    triaged = triage(table, long, {key: direct_check(known[key]) for key in flagged["entry"]})
+    triaged = _triage_flagged(table, long, selected)
     atomic_write_text(args.out.with_suffix(".md"), markdown(table, record, triaged))
     write_provenance(args.out.with_suffix(".json"), {**record, "summary": table.to_dict("records"),
                                                      "triage": triaged.to_dict("records")})
